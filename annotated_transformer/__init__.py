@@ -1,0 +1,8 @@
+"""The Annotated Transformer: "Attention Is All You Need" as a book of runnable notebooks and the package they export.
+
+This file is written by hand: it only re-exports the public names of the generated modules.
+"""
+__version__ = "0.1.0"
+
+from .charts import chart_html, use_book_charts, vendor_javascript
+from .attention import attention, subsequent_mask

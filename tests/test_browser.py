@@ -1,0 +1,122 @@
+"""The rendered book in a real browser: headless Chromium, no network, every equation and chart drawn.
+
+Runs after the book is built into _build/html (`make test` builds it first). Each chapter page is served
+from 127.0.0.1; any request for anything else is blocked and counts as a failure, which is how the test
+proves the book renders offline. A screenshot of each page is saved under _build/screenshots/.
+"""
+import functools
+import http.server
+import json
+import os
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+HTML = ROOT / "_build" / "html"
+SHOTS = ROOT / "_build" / "screenshots"
+CHAPTERS = [c["file"] for part in yaml.safe_load((ROOT / "_toc.yml").read_text())["parts"] for c in part["chapters"]]
+# Sphinx 7 (which jupyter-book<2 requires) registers an inline script added after the builder starts twice,
+# once as _JavaScript(None, body) and once as _JavaScript('', body), which its de-duplication sees as different.
+# sphinx-thebe's configuration snippet is such a script, so every Jupyter Book 1 page declares its constants
+# twice; the first declaration stands and nothing else breaks. Any other JavaScript error fails the test.
+KNOWN_UPSTREAM_ERRORS = ("Identifier 'THEBE_JS_URL' has already been declared",)
+CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync"]
+
+
+def unavailable(reason: str):
+    "Skip with a visible reason on a user's machine; under CI the browser check must run."
+    if os.environ.get("CI") == "true":
+        pytest.fail(reason + " (CI=true: the browser check is required)")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def server():
+    if not (HTML / "index.html").is_file():
+        unavailable("the book is not built: run `make test` or `make book` first")
+    handler = functools.partial(_QuietHandler, directory=str(HTML))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/"
+    httpd.shutdown()
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def browser():
+    executable = os.environ.get("AT_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+    if not executable:
+        unavailable("Chromium not found: install it (Debian: apt-get install chromium) or set AT_CHROMIUM")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        unavailable("playwright is not installed (pip install -r requirements.txt)")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=executable, headless=True, args=CHROMIUM_FLAGS)
+        yield browser
+        browser.close()
+
+
+def charts_in_notebook(chapter: str) -> int:
+    nb = json.loads((ROOT / f"{chapter}.ipynb").read_text(encoding="utf-8"))
+    return sum('class="at-chart"' in "".join(o.get("data", {}).get("text/html", ""))
+               for c in nb["cells"] for o in c.get("outputs", []))
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_chapter_renders_offline(server, browser, chapter):
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    problems = []
+
+    def only_local(route):
+        if route.request.url.startswith(server):
+            route.continue_()
+        else:
+            problems.append(f"request to the network: {route.request.url}")
+            route.abort()
+
+    page.route("**/*", only_local)
+    page.on("requestfailed", lambda r: problems.append(f"request failed: {r.url} ({r.failure})"))
+    page.on("response", lambda r: r.status >= 400 and problems.append(f"HTTP {r.status}: {r.url}"))
+    page.on("pageerror", lambda e: str(e) in KNOWN_UPSTREAM_ERRORS or problems.append(f"JavaScript error: {e}"))
+
+    page.goto(server + chapter + ".html", wait_until="load")
+
+    # MathJax: every math element of the page has been typeset.
+    math = page.locator(".math").count()
+    if math:
+        page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=30_000)
+        page.evaluate("() => MathJax.startup.promise")
+        untypeset = page.evaluate("() => [...document.querySelectorAll('.math')].filter(m => !m.querySelector('mjx-container')).length")
+        assert untypeset == 0, f"{untypeset} of {math} equations were not typeset by MathJax"
+
+    # Altair: every chart stored in the notebook is on the page and drew itself.
+    expected = charts_in_notebook(chapter)
+    assert page.locator(".at-chart").count() == expected
+    if expected:
+        page.wait_for_function(
+            "() => [...document.querySelectorAll('.at-chart')].every(c => c.matches('.vega-embed') && c.querySelector('svg, canvas'))",
+            timeout=30_000)
+        assert not [t for t in page.locator(".at-chart").all_inner_texts() if "Chart error" in t]
+
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / f"{Path(chapter).name}.png"), full_page=True)
+    page.close()
+    assert not problems, "\n".join(problems)
+
+
+def test_attention_chapter_has_math_and_a_chart():
+    "The chapter the backbone was built around must keep exercising both (the test above checks they render)."
+    html = (HTML / "book" / "01_attention.html").read_text(encoding="utf-8") if HTML.exists() else ""
+    if not html:
+        unavailable("the book is not built")
+    assert 'class="math' in html and 'class="at-chart"' in html

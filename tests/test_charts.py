@@ -1,0 +1,116 @@
+"""The book's chart renderer and the vendored JavaScript (book/00_charts.ipynb)."""
+import base64
+import hashlib
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import altair as alt
+import pytest
+import yaml
+
+from annotated_transformer import charts
+from annotated_transformer.charts import CHART_SCRIPTS, JS_ASSETS, book_renderer, chart_html, use_book_charts, vendor_javascript
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEC = {"mark": "point", "data": {"values": [{"x": 1}]}, "encoding": {"x": {"field": "x", "type": "quantitative"}}}
+
+
+def embedded_spec(html: str) -> dict:
+    "The spec passed to the drawing function at the end of the chart's script."
+    call = html.rsplit("})(", 1)[1].rsplit(");", 1)[0]
+    return json.loads("[" + call + "]")[0]
+
+
+def test_chart_html_is_deterministic_and_carries_the_spec():
+    html = chart_html(SPEC)
+    assert html == chart_html(json.loads(json.dumps(SPEC)))
+    assert embedded_spec(html) == SPEC
+    assert chart_html({**SPEC, "mark": "bar"}) != html
+
+
+def test_a_closing_script_tag_inside_the_spec_cannot_end_the_script():
+    spec = {**SPEC, "title": "</script><script>alert(1)</script>"}
+    html = chart_html(spec)
+    assert html.count("</script>") == 1
+    assert embedded_spec(html)["title"] == spec["title"]
+
+
+def test_outside_the_book_the_same_pinned_versions_are_fetched():
+    html = chart_html(SPEC)
+    for name in ("vega", "vega-lite", "vega-embed"):
+        assert f"/{name}@{JS_ASSETS[name][0]}/build/{name}.min.js" in html
+
+
+@pytest.fixture
+def restore_renderer():
+    active = alt.renderers.active
+    yield
+    alt.renderers.enable(active)
+
+
+def test_altair_charts_render_through_the_book_renderer(restore_renderer):
+    use_book_charts()
+    chart = alt.Chart(alt.Data(values=[{"a": 1}])).mark_bar().encode(x="a:Q")
+    bundle = chart._repr_mimebundle_()
+    bundle = bundle[0] if isinstance(bundle, tuple) else bundle
+    assert set(bundle) == {"text/html", "text/plain"}
+    assert embedded_spec(bundle["text/html"])["mark"] == {"type": "bar"}
+    assert bundle == book_renderer(chart.to_dict())
+
+
+def test_the_book_loads_exactly_the_vendored_files():
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())["sphinx"]["config"]
+    assert tuple(config["html_js_files"]) == CHART_SCRIPTS
+    assert config["html_static_path"] == ["_build/vendor"]
+    for path in (*CHART_SCRIPTS, config["mathjax_path"]):
+        name, inside = path.split("/", 1)
+        assert any(inside == w or (w.endswith("/") and inside.startswith(w)) for w in JS_ASSETS[name][2]), path
+    assert not (ROOT / "_static").exists(), "Jupyter Book would add every .js under _static/ to every page"
+
+
+def fake_package(files: dict) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for name, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo("package/" + name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+@pytest.fixture
+def registry(tmp_path, monkeypatch):
+    "A local npm-style registry with one package, `fake`, and JS_ASSETS pointing at it."
+    data = fake_package({"LICENSE": "BSD", "build/fake.min.js": "var fake = 1;", "src/unwanted.js": "nope"})
+    folder = tmp_path / "registry" / "fake" / "-"
+    folder.mkdir(parents=True)
+    (folder / "fake-1.0.0.tgz").write_bytes(data)
+    integrity = "sha512-" + base64.b64encode(hashlib.sha512(data).digest()).decode()
+    monkeypatch.setattr(charts, "JS_ASSETS", {"fake": ("1.0.0", integrity, ("LICENSE", "build/"))})
+    return (tmp_path / "registry").as_uri(), folder / "fake-1.0.0.tgz"
+
+
+def test_vendor_fetches_checks_and_keeps_only_the_listed_files(tmp_path, registry):
+    url, tarball = registry
+    dest = vendor_javascript(tmp_path / "vendor", url, quiet=True)
+    files = sorted(p.relative_to(dest).as_posix() for p in dest.rglob("*") if p.is_file())
+    assert files == ["fake/.version", "fake/LICENSE", "fake/build/fake.min.js"]
+    tarball.unlink()  # already there: a second run must not download again
+    vendor_javascript(dest, url, quiet=True)
+
+
+def test_vendor_refuses_a_tarball_that_does_not_match_its_checksum(tmp_path, registry):
+    url, tarball = registry
+    tarball.write_bytes(fake_package({"LICENSE": "BSD", "build/fake.min.js": "var evil = 1;"}))
+    dest = tmp_path / "vendor"
+    with pytest.raises(RuntimeError, match="checksum"):
+        vendor_javascript(dest, url, quiet=True)
+    assert list(dest.iterdir()) == []  # nothing unpacked, no temporary leftovers
+
+
+def test_vendor_explains_an_unreachable_registry(tmp_path, registry):
+    with pytest.raises(RuntimeError, match="could not download"):
+        vendor_javascript(tmp_path / "vendor", (tmp_path / "nowhere").as_uri(), quiet=True)

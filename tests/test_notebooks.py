@@ -1,0 +1,51 @@
+"""Notebook hygiene: the notebooks in book/ are stored clean, so diffs stay readable and nbval can compare."""
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "book").glob("*.ipynb"))
+NBDEV_CLEAN = Path(sys.executable).with_name("nbdev-clean")
+
+
+def test_there_are_notebooks():
+    assert NOTEBOOKS
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_stored_clean(path, tmp_path):
+    "Unchanged by nbdev's cleaner (no execution counts, no stray metadata; cell tags are kept)."
+    copy = tmp_path / path.name
+    copy.write_bytes(path.read_bytes())
+    # run from the project root so that the cleaner reads [tool.nbdev] (nbdev 3.3's --stdin mode is broken)
+    subprocess.run([NBDEV_CLEAN, "--fname", copy], cwd=ROOT, check=True, capture_output=True)
+    assert copy.read_bytes() == path.read_bytes(), f"run `make export` to clean {path.name}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_no_machine_specific_output(path):
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    outputs = json.dumps([c.get("outputs", []) for c in nb["cells"]])
+    for pattern in (r"/(?:work|home|root|tmp|Users)/", r"\bfile://", r"0x[0-9a-fA-F]{8,}", r"[A-Z]:\\\\"):
+        assert not re.search(pattern, outputs), f"{path.name}: an output contains {pattern!r}"
+    assert not any(o.get("output_type") == "error" for c in nb["cells"] for o in c.get("outputs", []))
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_tags_survive_and_chapters_open_with_a_title(path):
+    nb = json.loads(path.read_text(encoding="utf-8"))
+    assert nb["cells"][0]["cell_type"] == "markdown" and nb["cells"][0]["source"][0].startswith("# ")
+    allowed = {"tags"}
+    for cell in nb["cells"]:
+        assert set(cell.get("metadata", {})) <= allowed
+
+
+def test_every_notebook_is_in_the_table_of_contents():
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    listed = {c["file"] for part in toc["parts"] for c in part["chapters"]}
+    assert listed == {f"book/{p.stem}" for p in NOTEBOOKS}

@@ -1,0 +1,114 @@
+"""Multi-head attention (book/02_multi_head.ipynb): the fused and the explicit path compute one function."""
+import pytest
+import torch
+
+from annotated_transformer import MultiHeadedAttention, attention, record_attention, subsequent_mask
+
+
+def masks(batch=2, n_q=5, n_k=7):
+    padding = (torch.arange(n_k) < torch.tensor([n_k, 3])[:, None])[:, None, :]  # (batch, 1, n_k)
+    causal = padding[:, :, :n_q] & subsequent_mask(n_q) if n_q == n_k else None
+    return {"none": None, "padding": padding, "causal": causal}
+
+
+def pair(h=4, d_model=32):
+    torch.manual_seed(0)
+    fast = MultiHeadedAttention(h, d_model, dropout=0.1)
+    slow = MultiHeadedAttention(h, d_model, dropout=0.1, explicit=True)
+    slow.load_state_dict(fast.state_dict())
+    return fast.eval(), slow.eval()
+
+
+@pytest.mark.parametrize("kind", ["none", "padding", "causal"])
+def test_fast_and_explicit_paths_agree_in_outputs_and_gradients(kind):
+    fast, slow = pair()
+    n_k = 6 if kind == "causal" else 7
+    mask = masks(n_q=6 if kind == "causal" else 5, n_k=n_k)[kind]
+    q = torch.randn(2, 6 if kind == "causal" else 5, 32)
+    kv = q if kind == "causal" else torch.randn(2, n_k, 32)
+    out_fast, out_slow = fast(q, kv, kv, mask), slow(q, kv, kv, mask)
+    torch.testing.assert_close(out_fast, out_slow, rtol=1e-5, atol=1e-6)
+    out_fast.square().sum().backward()
+    out_slow.square().sum().backward()
+    for (name, a), b in zip(fast.named_parameters(), slow.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_equals_the_paper_formula_with_separate_head_matrices():
+    "MultiHead = Concat(head_1..head_h) W^O with head_i = Attention(Q W_i^Q, K W_i^K, V W_i^V)."
+    fast, _ = pair(h=4, d_model=32)
+    q, kv = torch.randn(2, 5, 32, dtype=torch.float64), torch.randn(2, 7, 32, dtype=torch.float64)
+    mask = masks()["padding"]
+    fast = fast.double()
+    heads = []
+    for i in range(4):
+        rows = slice(8 * i, 8 * (i + 1))
+        project = lambda lin, x: x @ lin.weight[rows].T + lin.bias[rows]
+        head, _ = attention(project(fast.w_q, q), project(fast.w_k, kv), project(fast.w_v, kv), mask)
+        heads.append(head)
+    expected = torch.cat(heads, dim=-1) @ fast.w_o.weight.T + fast.w_o.bias
+    torch.testing.assert_close(fast(q, kv, kv, mask), expected, rtol=1e-10, atol=1e-12)
+
+
+def test_a_fully_masked_query_gives_the_same_on_both_paths():
+    fast, slow = pair()
+    x = torch.randn(1, 4, 32)
+    mask = torch.ones(1, 4, 4, dtype=torch.bool)
+    mask[0, 2] = False
+    torch.testing.assert_close(fast(x, x, x, mask), slow(x, x, x, mask), rtol=1e-5, atol=1e-6)
+
+
+def test_weights_are_kept_only_inside_the_recording_scope():
+    fast, _ = pair()
+    q, kv = torch.randn(2, 5, 32), torch.randn(2, 7, 32)
+    mask = masks()["padding"]
+    out = fast(q, kv, kv, mask)
+    assert fast.attn is None
+    with record_attention():
+        recorded = fast(q, kv, kv, mask)
+        assert fast.attn.shape == (2, 4, 5, 7)
+        assert not fast.attn.requires_grad
+    torch.testing.assert_close(recorded, out, rtol=1e-5, atol=1e-6)
+    assert torch.all(fast.attn[1, :, :, 3:] == 0)  # padded keys of sentence 2
+    torch.testing.assert_close(fast.attn.sum(-1), torch.ones(2, 4, 5))
+    fast(q, kv, kv, mask)
+    assert fast.attn is None
+
+
+def test_recorded_weights_are_those_of_each_head():
+    "Head i of the module equals attention on the i-th slice of the projections."
+    fast, _ = pair()
+    x = torch.randn(1, 5, 32)
+    with record_attention():
+        fast(x, x, x)
+    q, k = fast.split_heads(fast.w_q(x)), fast.split_heads(fast.w_k(x))
+    _, expected = attention(q, k, q)
+    torch.testing.assert_close(fast.attn, expected.detach())
+
+
+def test_dropout_on_the_weights_only_in_training():
+    fast, slow = pair()
+    x = torch.randn(2, 5, 32)
+    for layer in (fast, slow):
+        layer.train()
+        a, b = layer(x, x, x), layer(x, x, x)
+        assert not torch.allclose(a, b)  # dropout is random in training
+        layer.eval()
+        torch.testing.assert_close(layer(x, x, x), layer(x, x, x), rtol=0, atol=0)
+
+
+def test_d_model_must_be_divisible_by_h():
+    with pytest.raises(ValueError, match="divisible"):
+        MultiHeadedAttention(h=3, d_model=32)
+
+
+def test_a_mask_of_the_wrong_rank_is_refused():
+    fast, _ = pair()
+    x = torch.randn(2, 5, 32)
+    with pytest.raises(ValueError, match="mask must have shape"):
+        fast(x, x, x, torch.ones(2, 1, 1, 5, dtype=torch.bool))
+
+
+def test_parameters_do_not_depend_on_the_number_of_heads():
+    counts = {sum(p.numel() for p in MultiHeadedAttention(h, 64).parameters()) for h in (1, 2, 4, 8, 16)}
+    assert counts == {4 * (64 * 64 + 64)}

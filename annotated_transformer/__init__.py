@@ -8,3 +8,4 @@ from .charts import chart_html, use_book_charts, vendor_javascript
 from .attention import attention, subsequent_mask
 from .multi_head import MultiHeadedAttention, record_attention
 from .layers import DecoderLayer, EncoderLayer, PositionwiseFeedForward, SublayerConnection
+from .encoding import Embeddings, LearnedPositionalEmbedding, PositionalEncoding, sinusoidal_encoding

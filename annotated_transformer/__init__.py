@@ -9,3 +9,4 @@ from .attention import attention, subsequent_mask
 from .multi_head import MultiHeadedAttention, record_attention
 from .layers import DecoderLayer, EncoderLayer, PositionwiseFeedForward, SublayerConnection
 from .encoding import Embeddings, LearnedPositionalEmbedding, PositionalEncoding, sinusoidal_encoding
+from .model import Decoder, Encoder, EncoderDecoder, Generator, TransformerConfig, make_model

@@ -5,13 +5,13 @@
 # %% auto #0
 __all__ = ['attention', 'subsequent_mask']
 
-# %% ../book/01_attention.ipynb #d0041b5d
+# %% ../book/01_attention.ipynb #c588a5c7
 import math
 
 import torch
 from torch import Tensor, nn
 
-# %% ../book/01_attention.ipynb #c4fdbb48
+# %% ../book/01_attention.ipynb #1b2ad4a2
 def attention(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None,
               dropout: nn.Module | None = None) -> tuple[Tensor, Tensor]:
     """Scaled dot-product attention, equation (1) of the paper: softmax(Q Kᵀ / √d_k) V.
@@ -40,7 +40,7 @@ def attention(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = N
     dropped = weights if dropout is None else dropout(weights)
     return dropped @ value, weights  # (..., n_q, d_v), (..., n_q, n_k)
 
-# %% ../book/01_attention.ipynb #513818e2
+# %% ../book/01_attention.ipynb #b604d600
 def subsequent_mask(size: int) -> Tensor:
     """The decoder's self-attention mask: a (1, size, size) boolean tensor, True where position i may
     attend to position j, that is where j <= i."""

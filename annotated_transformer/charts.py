@@ -6,7 +6,7 @@
 __all__ = ['JS_ASSETS', 'CHART_SCRIPTS', 'NPM_REGISTRY', 'CDN', 'vendor_javascript', 'chart_html', 'book_renderer',
            'use_book_charts']
 
-# %% ../book/00_charts.ipynb #0aa6de06
+# %% ../book/00_charts.ipynb #d94fdced
 import hashlib
 import base64
 import io
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import altair as alt
 
-# %% ../book/00_charts.ipynb #9a0e4318
+# %% ../book/00_charts.ipynb #f5287c94
 JS_ASSETS = {
     # npm name: (version, sha512 integrity of the registry tarball, files to keep from its `package/` folder)
     "vega": ("6.3.0", "sha512-L/ykPslBI5QiElzs7jD01c/0EP2yzJ0SdQ3WLZkgBsmykNkhfilWLAa24RzDx67rilNLdeBCJVCmogi40xJ6yA==",
@@ -40,7 +40,7 @@ CHART_SCRIPTS = ("vega/build/vega.min.js", "vega-lite/build/vega-lite.min.js", "
 NPM_REGISTRY = "https://registry.npmjs.org"
 CDN = "https://cdn.jsdelivr.net/npm"
 
-# %% ../book/00_charts.ipynb #28e41dc4
+# %% ../book/00_charts.ipynb #82344766
 def _integrity(data: bytes) -> str:
     return "sha512-" + base64.b64encode(hashlib.sha512(data).digest()).decode()
 
@@ -90,11 +90,13 @@ def vendor_javascript(dest, registry: str = NPM_REGISTRY, *, quiet: bool = False
             shutil.rmtree(tmp, ignore_errors=True)
     return dest
 
-# %% ../book/00_charts.ipynb #6042f8b3
+# %% ../book/00_charts.ipynb #a35af27e
 _CHART_TEMPLATE = """<div class="at-chart" id="{div_id}"></div>
 <script type="text/javascript">
 (function (spec, embedOptions) {{
-  const el = document.currentScript.previousElementSibling;
+  // The element just before this script, or (where scripts run detached, as in classic Jupyter) by its id.
+  const prev = document.currentScript && document.currentScript.previousElementSibling;
+  const el = prev && prev.id === "{div_id}" ? prev : document.getElementById("{div_id}");
   const show = () => vegaEmbed(el, spec, embedOptions).catch(err => {{ el.textContent = "Chart error: " + err; }});
   if (typeof vegaEmbed === "function") {{ show(); return; }}
   // Not in the book, whose pages load the vendored libraries: fetch the same pinned versions.

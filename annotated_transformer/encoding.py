@@ -5,13 +5,13 @@
 # %% auto #0
 __all__ = ['Embeddings', 'sinusoidal_encoding', 'PositionalEncoding', 'LearnedPositionalEmbedding']
 
-# %% ../book/04_encoding.ipynb #d9c802e8
+# %% ../book/04_encoding.ipynb #e3b08fbc
 import math
 
 import torch
 from torch import Tensor, nn
 
-# %% ../book/04_encoding.ipynb #c311b085
+# %% ../book/04_encoding.ipynb #610711ae
 class Embeddings(nn.Module):
     """Token embeddings multiplied by √d_model (§3.4).
 
@@ -29,7 +29,7 @@ class Embeddings(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         return self.lut(x) * math.sqrt(self.d_model)  # (batch, n) -> (batch, n, d_model)
 
-# %% ../book/04_encoding.ipynb #70315a41
+# %% ../book/04_encoding.ipynb #9e7588ee
 def sinusoidal_encoding(n_positions: int, d_model: int, dtype: torch.dtype = torch.float32) -> Tensor:
     """The sinusoidal positional encodings of §3.5 for positions 0 .. n_positions-1: (n_positions, d_model).
 
@@ -45,7 +45,7 @@ def sinusoidal_encoding(n_positions: int, d_model: int, dtype: torch.dtype = tor
     pe[:, 1::2] = torch.cos(position * omega)
     return pe.to(dtype)
 
-# %% ../book/04_encoding.ipynb #85266823
+# %% ../book/04_encoding.ipynb #e93392a2
 class PositionalEncoding(nn.Module):
     """Adds the sinusoidal positional encoding to a (batch, n, d_model) input, then applies dropout (§3.5, §5.4).
 
@@ -65,7 +65,7 @@ class PositionalEncoding(nn.Module):
                              f"defined for every position, so build the model with a larger max_len")
         return self.dropout(x + self.pe[:, :n])
 
-# %% ../book/04_encoding.ipynb #78fc5d17
+# %% ../book/04_encoding.ipynb #d24703ca
 class LearnedPositionalEmbedding(nn.Module):
     """A learned vector per position (Table 3, row E), added to a (batch, n, d_model) input, then dropout.
 

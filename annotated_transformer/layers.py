@@ -5,11 +5,10 @@
 # %% auto #0
 __all__ = ['PositionwiseFeedForward', 'SublayerConnection', 'EncoderLayer', 'DecoderLayer']
 
-# %% ../book/03_feed_forward.ipynb #1732d0e0
-import torch
+# %% ../book/03_feed_forward.ipynb #a6da4e76
 from torch import Tensor, nn
 
-# %% ../book/03_feed_forward.ipynb #b343d66b
+# %% ../book/03_feed_forward.ipynb #b29e642c
 class PositionwiseFeedForward(nn.Module):
     """The position-wise feed-forward network, equation (2): FFN(x) = max(0, x W1 + b1) W2 + b2.
 
@@ -26,7 +25,7 @@ class PositionwiseFeedForward(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         return self.w_2(self.dropout(self.w_1(x).relu()))  # (..., d_model) -> (..., d_ff) -> (..., d_model)
 
-# %% ../book/03_feed_forward.ipynb #39ae84cc
+# %% ../book/03_feed_forward.ipynb #14f1eca7
 class SublayerConnection(nn.Module):
     """The residual connection around each sub-layer, with dropout and layer normalisation (§3.1, §5.4).
 
@@ -45,7 +44,7 @@ class SublayerConnection(nn.Module):
             return x + self.dropout(sublayer(self.norm(x)))
         return self.norm(x + self.dropout(sublayer(x)))
 
-# %% ../book/03_feed_forward.ipynb #5d8b9e8d
+# %% ../book/03_feed_forward.ipynb #7ad6a407
 class EncoderLayer(nn.Module):
     """One encoder layer (§3.1): self-attention, then the feed-forward network, each in a `SublayerConnection`.
 
@@ -63,7 +62,7 @@ class EncoderLayer(nn.Module):
         x = self.sublayer[0](x, lambda x: self.self_attn(x, x, x, mask))
         return self.sublayer[1](x, self.feed_forward)
 
-# %% ../book/03_feed_forward.ipynb #9aa3020f
+# %% ../book/03_feed_forward.ipynb #db91cc3e
 class DecoderLayer(nn.Module):
     """One decoder layer (§3.1): masked self-attention, attention over the encoder output, feed-forward.
 

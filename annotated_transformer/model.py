@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = ['Encoder', 'Decoder', 'Generator', 'EncoderDecoder', 'TransformerConfig', 'make_model']
 
-# %% ../book/05_model.ipynb #66177676
+# %% ../book/05_model.ipynb #afe90501
 import copy
 import dataclasses
 from dataclasses import dataclass
@@ -16,7 +16,7 @@ from .encoding import Embeddings, LearnedPositionalEmbedding, PositionalEncoding
 from .layers import DecoderLayer, EncoderLayer, PositionwiseFeedForward
 from .multi_head import MultiHeadedAttention
 
-# %% ../book/05_model.ipynb #c2df95b0
+# %% ../book/05_model.ipynb #50ebfc82
 class Encoder(nn.Module):
     """`N` copies of an `EncoderLayer` (§3.1); a final LayerNorm only when the layers are pre-norm.
 
@@ -52,7 +52,7 @@ class Decoder(nn.Module):
             x = layer(x, memory, src_mask, tgt_mask)
         return self.norm(x)
 
-# %% ../book/05_model.ipynb #0d3f8629
+# %% ../book/05_model.ipynb #de82352a
 class Generator(nn.Module):
     "The output layer (§3.4): a linear map to the target vocabulary, then log-softmax. (..., d_model) -> (..., vocab)."
 
@@ -89,7 +89,7 @@ class EncoderDecoder(nn.Module):
     def forward(self, src: Tensor, tgt: Tensor, src_mask: Tensor | None, tgt_mask: Tensor | None) -> Tensor:
         return self.decode(self.encode(src, src_mask), src_mask, tgt, tgt_mask)
 
-# %% ../book/05_model.ipynb #4bfa1691
+# %% ../book/05_model.ipynb #64d35307
 @dataclass(frozen=True)
 class TransformerConfig:
     """The model's hyper-parameters, named as in Table 3 of the paper (defaults: the base model).
@@ -116,13 +116,19 @@ class TransformerConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.d_model % self.h:
-            raise ValueError(f"d_model ({self.d_model}) must be divisible by h ({self.h})")
         for name in ("dropout", "label_smoothing"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)!r}")
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= value < 1.0:
+                raise ValueError(f"{name} must be a number in [0, 1), got {value!r}")
+        for name in ("norm_first", "share_embeddings"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.positional not in ("sinusoidal", "learned"):
             raise ValueError(f"positional must be 'sinusoidal' or 'learned', got {self.positional!r}")
+        if self.d_model % self.h:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by h ({self.h})")
+        if self.positional == "sinusoidal" and self.d_model % 2:
+            raise ValueError(f"d_model ({self.d_model}) must be even for the sinusoidal encoding's sine/cosine pairs")
 
     @classmethod
     def base(cls, **overrides) -> "TransformerConfig":
@@ -134,7 +140,7 @@ class TransformerConfig:
         "The big model of Table 3 (English-German): N=6, d_model=1024, d_ff=4096, h=16, P_drop=0.3, epsilon_ls=0.1."
         return cls(**{"d_model": 1024, "d_ff": 4096, "h": 16, "dropout": 0.3, **overrides})
 
-# %% ../book/05_model.ipynb #4a4ee6ba
+# %% ../book/05_model.ipynb #16596a31
 def make_model(src_vocab: int, tgt_vocab: int, config: TransformerConfig | None = None, **overrides) -> EncoderDecoder:
     """Build a Transformer for the given vocabulary sizes from `config` (default: the base model).
 
@@ -144,6 +150,12 @@ def make_model(src_vocab: int, tgt_vocab: int, config: TransformerConfig | None 
     shares it too when the vocabulary sizes are equal (a shared vocabulary, §3.4). The configuration used
     is kept as `model.config`.
     """
+    if config is not None and not isinstance(config, TransformerConfig):
+        raise TypeError(f"config must be a TransformerConfig, got {type(config).__name__}; pass settings as keywords, "
+                        "e.g. make_model(src_vocab, tgt_vocab, N=2)")
+    for name, size in (("src_vocab", src_vocab), ("tgt_vocab", tgt_vocab)):
+        if not isinstance(size, int) or size < 1:
+            raise ValueError(f"{name} must be a positive number of tokens, got {size!r}")
     fields = {f.name for f in dataclasses.fields(TransformerConfig)}
     if unknown := sorted(set(overrides) - fields):
         raise TypeError(f"unknown configuration field(s) {', '.join(unknown)}; the fields are {', '.join(sorted(fields))}")

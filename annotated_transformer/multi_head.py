@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = ['record_attention', 'MultiHeadedAttention']
 
-# %% ../book/02_multi_head.ipynb #ffa518bb
+# %% ../book/02_multi_head.ipynb #4074e967
 import contextlib
 
 import torch
@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from .attention import attention
 
-# %% ../book/02_multi_head.ipynb #6dc1dcaf
+# %% ../book/02_multi_head.ipynb #80b19f3f
 _recording = 0
 
 
@@ -32,7 +32,7 @@ def record_attention():
     finally:
         _recording -= 1
 
-# %% ../book/02_multi_head.ipynb #29e566bf
+# %% ../book/02_multi_head.ipynb #494a380b
 class MultiHeadedAttention(nn.Module):
     """Multi-head attention (§3.2.2): `h` scaled dot-product attentions on (d_model / h)-wide projections.
 
@@ -61,6 +61,9 @@ class MultiHeadedAttention(nn.Module):
 
     def forward(self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None) -> Tensor:
         if mask is not None:
+            if mask.dtype != torch.bool:
+                raise TypeError(f"mask must be a boolean tensor (True = may attend), got dtype {mask.dtype}; "
+                                "convert a 0/1 mask with `mask.bool()`")
             if mask.dim() != 3:
                 raise ValueError(f"mask must have shape (batch, 1, n_k) or (batch, n_q, n_k), got {tuple(mask.shape)}")
             mask = mask.unsqueeze(1)  # (batch, 1, 1 or n_q, n_k): the same mask for every head

@@ -42,6 +42,28 @@ def test_pre_norm_option():
     torch.testing.assert_close(block(x, sub), x + sub(block.norm(x)))
 
 
+def test_dropout_touches_only_the_sublayer_output():
+    "With a sub-layer that outputs zeros, dropout has nothing to drop: post-norm gives exactly LayerNorm(x)."
+    block = SublayerConnection(8, dropout=0.5).train()
+    x = torch.randn(16, 8)
+    torch.testing.assert_close(block(x, torch.zeros_like), block.norm(x), rtol=0, atol=0)
+    pre = SublayerConnection(8, dropout=0.5, norm_first=True).train()
+    torch.testing.assert_close(pre(x, torch.zeros_like), x, rtol=0, atol=0)
+
+
+def test_feed_forward_dropout_acts_on_the_hidden_layer_in_training():
+    torch.manual_seed(6)
+    ffn = PositionwiseFeedForward(8, 64, dropout=0.5)
+    x = torch.randn(4, 8)
+    hidden = ffn.w_1(x).relu()
+    torch.manual_seed(7)
+    out = ffn(x)
+    torch.manual_seed(7)
+    expected = ffn.w_2(torch.nn.functional.dropout(hidden, 0.5, training=True))
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(ffn.eval()(x), ffn.w_2(hidden))
+
+
 def test_residual_dropout_applies_to_the_sublayer_output_only_in_training():
     torch.manual_seed(4)
     block = SublayerConnection(8, dropout=0.5)

@@ -129,6 +129,19 @@ def test_overrides_and_their_errors():
         TransformerConfig(dropout=1.5)
     with pytest.raises(ValueError, match="N must be a positive integer"):
         TransformerConfig(N=0)
+    with pytest.raises(ValueError, match="norm_first must be True or False"):
+        TransformerConfig(norm_first="no")
+    with pytest.raises(ValueError, match="share_embeddings must be True or False"):
+        TransformerConfig(share_embeddings=0)
+    with pytest.raises(ValueError, match="dropout must be a number"):
+        TransformerConfig(dropout="0.1")
+    with pytest.raises(ValueError, match="even"):
+        TransformerConfig(d_model=9, h=3)
+    assert TransformerConfig(d_model=9, h=3, positional="learned").d_model == 9
+    with pytest.raises(TypeError, match="config must be a TransformerConfig"):
+        make_model(10, 10, {"N": 1})
+    with pytest.raises(ValueError, match="tgt_vocab must be a positive number"):
+        make_model(10, 0)
 
 
 def test_norm_placement_and_positional_kind():

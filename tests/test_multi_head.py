@@ -102,6 +102,15 @@ def test_d_model_must_be_divisible_by_h():
         MultiHeadedAttention(h=3, d_model=32)
 
 
+def test_a_non_boolean_mask_is_refused_on_both_paths():
+    "SDPA would add a float mask to the scores instead of masking: refuse it, as `attention` does."
+    fast, slow = pair()
+    x = torch.randn(2, 5, 32)
+    for layer in (fast, slow):
+        with pytest.raises(TypeError, match="boolean"):
+            layer(x, x, x, torch.ones(2, 1, 5))
+
+
 def test_a_mask_of_the_wrong_rank_is_refused():
     fast, _ = pair()
     x = torch.randn(2, 5, 32)

@@ -10,3 +10,5 @@ from .multi_head import MultiHeadedAttention, record_attention
 from .layers import DecoderLayer, EncoderLayer, PositionwiseFeedForward, SublayerConnection
 from .encoding import Embeddings, LearnedPositionalEmbedding, PositionalEncoding, sinusoidal_encoding
 from .model import Decoder, Encoder, EncoderDecoder, Generator, TransformerConfig, make_model
+from .training import (Batch, CheckpointError, LabelSmoothing, Recipe, RECIPES, accumulate_gradients, greedy_decode,
+                       load_checkpoint, make_optimizer, model_from_checkpoint, rate, save_checkpoint, token_batches, train)

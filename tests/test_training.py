@@ -1,0 +1,294 @@
+"""Training machinery (book/06_training.ipynb): batches, schedule, loss, accumulation, checkpoints, resume, copy task."""
+import json
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from annotated_transformer import make_model
+from annotated_transformer.training import (BOS, EOS, PAD, RECIPES, Batch, CheckpointError, LabelSmoothing,
+                                            accumulate_gradients, copy_task, greedy_decode, load_checkpoint,
+                                            make_optimizer, model_from_checkpoint, pad_sequences, padding_fraction,
+                                            plot_metrics, rate, save_checkpoint, token_batches, train)
+
+
+def batch_of(pairs):
+    return Batch(pad_sequences([s for s, _ in pairs]), pad_sequences([t for _, t in pairs]))
+
+
+# Batches and masks
+
+def test_batch_shifts_targets_and_builds_masks():
+    b = batch_of([([5, 6, 7, EOS], [BOS, 5, 6, 7, EOS]), ([8, EOS], [BOS, 8, EOS])])
+    assert b.tgt_in.tolist() == [[BOS, 5, 6, 7], [BOS, 8, EOS, PAD]]
+    assert b.tgt_y.tolist() == [[5, 6, 7, EOS], [8, EOS, PAD, PAD]]
+    assert b.src_mask.shape == (2, 1, 4) and b.src_mask[1, 0].tolist() == [True, True, False, False]
+    assert b.tgt_mask.shape == (2, 4, 4) and b.tgt_mask.dtype == torch.bool
+    assert b.tgt_mask[1].int().tolist() == [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 0]]
+    assert b.ntokens == 6
+
+
+def test_padded_positions_do_not_reach_the_loss():
+    criterion = LabelSmoothing(12, PAD, 0.1)
+    b = batch_of([([5, 6, EOS], [BOS, 5, 6, 7, 8, EOS]), ([8, EOS], [BOS, 8, EOS])])
+    log_probs = torch.randn(2, 5, 12).log_softmax(-1)
+    changed = log_probs.clone()
+    changed[1, 2:] = torch.randn(3, 12).log_softmax(-1)  # predictions at sentence 2's padded positions
+    loss = criterion(log_probs.reshape(-1, 12), b.tgt_y.reshape(-1))
+    torch.testing.assert_close(criterion(changed.reshape(-1, 12), b.tgt_y.reshape(-1)), loss, rtol=0, atol=0)
+
+
+# Batching by length
+
+def test_token_batches_use_every_sentence_once_within_the_budget():
+    data = copy_task(3000, seed=1)
+    src, tgt = [len(s) for s, _ in data], [len(t) - 1 for _, t in data]
+    batches = token_batches(src, tgt, max_tokens=200, seed=3)
+    assert sorted(i for b in batches for i in b) == list(range(3000))
+    for b in batches:
+        assert len(b) * max(src[i] for i in b) <= 200 and len(b) * max(tgt[i] for i in b) <= 200
+    assert token_batches(src, tgt, 200, seed=3) == batches
+    assert token_batches(src, tgt, 200, seed=4) != batches
+    shuffled = list(range(3000))
+    size = round(3000 / len(batches))
+    random_batches = [shuffled[i:i + size] for i in range(0, 3000, size)]
+    assert padding_fraction(batches, src) < 0.05 < padding_fraction(random_batches, src)
+
+
+def test_token_batches_errors():
+    with pytest.raises(ValueError, match="does not fit"):
+        token_batches([3, 50], [3, 4], max_tokens=20, seed=0)
+    with pytest.raises(ValueError, match="target lengths"):
+        token_batches([3, 4], [3], max_tokens=20, seed=0)
+
+
+# Schedule
+
+def test_rate_is_equation_3():
+    assert rate(0, 512) == 0.0
+    assert rate(100, 512, 1.0, 4000) == pytest.approx(512**-0.5 * 100 * 4000**-1.5)
+    assert rate(10_000, 512, 2.0, 4000) == pytest.approx(2 * 512**-0.5 * 10_000**-0.5)
+    rates = [rate(s, 512, 1.0, 4000) for s in range(1, 8001)]
+    assert max(range(len(rates)), key=rates.__getitem__) + 1 == 4000
+
+
+def test_the_scheduler_gives_update_k_the_rate_of_step_k():
+    model = torch.nn.Linear(2, 2)
+    optimizer, scheduler = make_optimizer(model, d_model=64, factor=0.5, warmup=10)
+    assert optimizer.defaults["betas"] == (0.9, 0.98) and optimizer.defaults["eps"] == 1e-9
+    for k in range(1, 25):
+        assert optimizer.param_groups[0]["lr"] == pytest.approx(rate(k, 64, 0.5, 10))
+        optimizer.step()
+        scheduler.step()
+
+
+# Label smoothing
+
+def test_smoothed_targets():
+    t = LabelSmoothing(10, PAD, 0.2).smoothed_targets(torch.tensor([3, PAD, 9]))
+    torch.testing.assert_close(t[[0, 2]].sum(-1), torch.ones(2))
+    assert t[0, 3].item() == pytest.approx(0.8) and t[0, 5].item() == pytest.approx(0.2 / 8)
+    assert torch.all(t[:, PAD] == 0) and torch.all(t[1] == 0)
+
+
+def test_relation_to_cross_entropy():
+    torch.manual_seed(0)
+    logits = torch.randn(7, 11, dtype=torch.float64)
+    target = torch.tensor([1, 4, PAD, 10, 3, PAD, 7])
+    smooth = LabelSmoothing(11, PAD, 0.1)
+    t = smooth.smoothed_targets(target).double()
+    entropy = -torch.where(t > 0, t * t.log(), 0.0).sum()
+    # ours = cross-entropy against our smoothed distribution, minus its entropy (a KL divergence)
+    torch.testing.assert_close(smooth(logits.log_softmax(-1), target).double(),
+                               F.cross_entropy(logits, t, reduction="sum") - entropy)
+    # without smoothing, ours is the plain cross-entropy that ignores padding
+    torch.testing.assert_close(LabelSmoothing(11, PAD, 0.0)(logits.log_softmax(-1), target).double(),
+                               F.cross_entropy(logits, target, ignore_index=PAD, reduction="sum"))
+    # PyTorch's built-in smoothing spreads epsilon over all V entries, the target and padding included
+    keep = target != PAD
+    theirs = (1 - 0.1) * F.one_hot(target[keep], 11).double() + 0.1 / 11
+    torch.testing.assert_close(F.cross_entropy(logits, target, label_smoothing=0.1, ignore_index=PAD, reduction="sum"),
+                               F.cross_entropy(logits[keep], theirs, reduction="sum"))
+
+
+def test_label_smoothing_stays_finite_and_is_zero_at_the_target():
+    smooth = LabelSmoothing(6, PAD, 0.1)
+    target = torch.tensor([2, 5, PAD])
+    log_probs = torch.randn(3, 6).log_softmax(-1)
+    log_probs[:, PAD] = float("-inf")  # the model gives padding no probability at all
+    log_probs.requires_grad_()
+    loss = smooth(log_probs, target)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(log_probs.grad).all()
+    perfect = smooth.smoothed_targets(target[:2]).log()  # -inf where the target is 0
+    assert smooth(perfect, target[:2]).item() == pytest.approx(0.0, abs=1e-6)
+
+
+def test_label_smoothing_errors():
+    with pytest.raises(ValueError, match="expected log-probabilities"):
+        LabelSmoothing(6, PAD)(torch.zeros(3, 5), torch.zeros(3, dtype=torch.long))
+    with pytest.raises(ValueError, match="at least 3"):
+        LabelSmoothing(2, PAD)
+
+
+# Gradient accumulation
+
+def test_accumulation_equals_one_big_batch():
+    torch.manual_seed(0)
+    model = make_model(13, 13, N=1, d_model=32, d_ff=64, h=4, dropout=0.0)
+    criterion = LabelSmoothing(13, PAD, 0.1)
+    pairs = copy_task(20, seed=9)
+    accumulate_gradients(model, [batch_of(pairs)], criterion)
+    whole = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    accumulate_gradients(model, [batch_of(pairs[:3]), batch_of(pairs[3:11]), batch_of(pairs[11:])], criterion)
+    for p, g in zip(model.parameters(), whole):
+        torch.testing.assert_close(p.grad, g, rtol=1e-5, atol=1e-6)
+
+
+# Greedy decoding
+
+class Scripted:
+    "A stand-in model whose generator emits a fixed script per sentence (then repeats its last token)."
+
+    def __init__(self, scripts, vocab=10):
+        self.scripts, self.vocab = scripts, vocab
+
+    def encode(self, src, src_mask):
+        return torch.zeros(src.size(0), 1, 1)
+
+    def decode(self, memory, src_mask, ys, tgt_mask):
+        self.position = ys.size(1) - 1
+        return torch.zeros(ys.size(0), ys.size(1), 1)
+
+    def generator(self, states):
+        tokens = [s[min(self.position, len(s) - 1)] for s in self.scripts]
+        return F.one_hot(torch.tensor(tokens), self.vocab).float().log()
+
+
+def test_greedy_decode_stops_each_sentence_at_eos_and_respects_max_len():
+    model = Scripted([[5, 6, EOS], [7, 7, 7, 7, 7, 7, 7, 7, 7, 7], [EOS]])
+    src = torch.ones(3, 4, dtype=torch.long)
+    out = greedy_decode(model, src, torch.ones(3, 1, 4, dtype=torch.bool), max_len=6)
+    assert out == [[5, 6], [7] * 6, []]
+
+
+# Checkpoints
+
+def test_checkpoints_are_written_atomically(tmp_path, monkeypatch):
+    path = save_checkpoint(tmp_path / "c.pt", {"config": {}, "model": {}, "step": 1})
+    before = path.read_bytes()
+
+    def broken_save(obj, f):
+        f.write(b"half a checkpoint")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", broken_save)
+    with pytest.raises(OSError, match="disk full"):
+        save_checkpoint(path, {"config": {}, "model": {}, "step": 2})
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.pt"]
+
+
+def test_a_checkpoint_from_a_stranger_cannot_run_code(tmp_path):
+    marker = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.mkdir, (str(marker),))
+
+    path = tmp_path / "evil.pt"
+    path.write_bytes(pickle.dumps({"format": 1, "config": {}, "model": Payload(), "step": 0}, protocol=2))
+    with pytest.raises(CheckpointError, match="evil.pt: not a readable checkpoint"):
+        load_checkpoint(path)
+    assert not marker.exists()
+
+
+def test_broken_or_foreign_checkpoints_get_clear_errors(tmp_path):
+    with pytest.raises(CheckpointError, match="no such checkpoint"):
+        load_checkpoint(tmp_path / "missing.pt")
+    (tmp_path / "cut.pt").write_bytes(b"PK\x03\x04 truncated")
+    with pytest.raises(CheckpointError, match="cut.pt: not a readable checkpoint"):
+        load_checkpoint(tmp_path / "cut.pt")
+    torch.save({"format": 99, "model": {}}, tmp_path / "future.pt")
+    with pytest.raises(CheckpointError, match="format 99"):
+        load_checkpoint(tmp_path / "future.pt")
+    torch.save({"format": 1, "model": {}}, tmp_path / "partial.pt")
+    with pytest.raises(CheckpointError, match="missing config, step"):
+        load_checkpoint(tmp_path / "partial.pt")
+
+
+# The training loop
+
+TINY = RECIPES["copy"].replace(N=1, d_model=32, d_ff=64, steps=24, warmup=10, eval_every=8, checkpoint_every=8)
+
+
+def final_weights(run_dir):
+    return load_checkpoint(sorted((run_dir / "checkpoints").glob("*.pt"))[-1])["model"]
+
+
+def test_an_interrupted_run_resumes_bit_identically(tmp_path):
+    straight = train(TINY.replace(dropout=0.1), tmp_path / "straight", device="cpu", progress=False)
+    interrupted = train(TINY.replace(dropout=0.1), tmp_path / "resumed", device="cpu", progress=False, stop_after=13)
+    assert interrupted["steps"] == 13 and not interrupted["finished"] and "exact_match" not in interrupted
+    resumed = train(TINY.replace(dropout=0.1), tmp_path / "resumed", device="cpu", progress=False, resume=True)
+    assert resumed["steps"] == straight["steps"] == 24
+    a, b = final_weights(tmp_path / "straight"), final_weights(tmp_path / "resumed")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    metrics = [json.loads(line) for line in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [8, 16, 24]
+    assert metrics[-1]["valid_loss"] == json.loads((tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()[-1])["valid_loss"]
+
+
+def test_run_directory_contents_and_guards(tmp_path):
+    run = tmp_path / "run"
+    summary = train(TINY, run, device="cpu", progress=False)
+    assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "config.json", "metrics.jsonl", "summary.json"]
+    assert json.loads((run / "config.json").read_text())["recipe"] == TINY.to_dict()
+    assert json.loads((run / "summary.json").read_text()) == summary
+    line = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
+    assert set(line) == {"step", "epoch", "train_loss", "valid_loss", "valid_ppl", "lr", "tokens_per_s", "elapsed_s"}
+    assert {"recipe", "device", "steps", "wall_time_s", "final", "exact_match"} <= set(summary)
+    with pytest.raises(FileExistsError, match="already holds a run"):
+        train(TINY, run, device="cpu", progress=False)
+    with pytest.raises(CheckpointError, match="different recipe"):
+        train(TINY.replace(steps=30), run, device="cpu", progress=False, resume=True)
+    with pytest.raises(FileNotFoundError, match="nothing to resume"):
+        train(TINY, tmp_path / "empty", device="cpu", progress=False, resume=True)
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no CUDA device"):
+            train(TINY, tmp_path / "gpu", device="cuda", progress=False)
+    import matplotlib
+    matplotlib.use("Agg")
+    assert len(plot_metrics(run).get_lines()) == 2
+
+
+def test_the_copy_recipe_from_the_command_line_copies_held_out_sequences_exactly(tmp_path):
+    "The copy task, end to end: the console script, its run directory, and exact greedy copies."
+    run = tmp_path / "copy"
+    cli = Path(sys.executable).with_name("annotated-transformer")
+    result = subprocess.run([cli, "train", "copy", "--out", run, "--quiet", "--device", "cpu"],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["exact_match"] >= 0.99 and summary["steps"] == RECIPES["copy"].steps
+    model, state = model_from_checkpoint(sorted((run / "checkpoints").glob("*.pt"))[-1])
+    assert state["step"] == RECIPES["copy"].steps
+    held_out = copy_task(300, seed=424242)
+    src = pad_sequences([s for s, _ in held_out])
+    out = greedy_decode(model, src, (src != PAD)[:, None, :], max_len=src.size(1) + 5)
+    wrong = [(s, o) for o, (s, _) in zip(out, held_out) if o != s[:-1]]
+    assert len(wrong) <= 3, wrong[:3]  # at least 99% copied exactly
+
+
+def test_command_line_errors_are_one_line(tmp_path):
+    for args, message in ((["train", "copy", "d_model=65"], "divisible"), (["train", "kopy"], "unknown recipe"),
+                          (["train", "copy", "--resume", "--out", str(tmp_path / "none")], "nothing to resume")):
+        result = subprocess.run([sys.executable, "-m", "annotated_transformer", *args], capture_output=True, text=True)
+        assert result.returncode == 2
+        assert result.stderr.count("\n") == 1 and message in result.stderr and "Traceback" not in result.stderr

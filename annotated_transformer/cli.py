@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = ['parse_override', 'build_parser', 'main']
 
-# %% ../book/90_command_line.ipynb #fd56ab71
+# %% ../book/90_command_line.ipynb #ecf3b7b4
 import argparse
 import json
 import sys
@@ -51,11 +51,15 @@ def main(argv=None) -> int:
 
     Mistakes in the arguments or settings print one line on stderr and return 2, without a traceback.
     """
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    # Settings may also follow the options (`train copy --out DIR steps=30`), where argparse leaves them over.
+    args, rest = parser.parse_known_args(argv)
+    if strays := [a for a in rest if a.startswith("-") or "=" not in a]:
+        parser.error(f"unrecognized arguments: {' '.join(strays)}")
     try:
         if args.recipe not in RECIPES:
             raise ValueError(f"unknown recipe {args.recipe!r}; the recipes are: {', '.join(RECIPES)}")
-        recipe = RECIPES[args.recipe].replace(**dict(parse_override(s) for s in args.settings))
+        recipe = RECIPES[args.recipe].replace(**dict(parse_override(s) for s in [*args.settings, *rest]))
         try:
             device = torch.device(args.device) if args.device else None
         except RuntimeError as err:

@@ -461,7 +461,8 @@ def train(recipe: Recipe, run_dir, *, device=None, resume: bool = False, progres
             epoch, position = epoch + 1, 0
         window_loss, window_tokens = window_loss + loss, window_tokens + ntokens
         bar.update()
-        bar.set_postfix(loss=f"{loss / ntokens:.3f}", lr=f"{lr:.2e}")
+        bar.set_postfix(loss=f"{loss / ntokens:.3f}", lr=f"{lr:.2e}",
+                        tokens_per_s=f"{window_tokens / max(time.perf_counter() - window_start, 1e-9):.0f}")
         if step % recipe.eval_every == 0 or step == recipe.steps:
             now = time.perf_counter()
             valid = validation_loss(model, task.valid, recipe.max_tokens, device)

@@ -286,6 +286,16 @@ def test_the_copy_recipe_from_the_command_line_copies_held_out_sequences_exactly
     assert len(wrong) <= 3, wrong[:3]  # at least 99% copied exactly
 
 
+def test_settings_may_come_before_or_after_the_options(tmp_path):
+    from annotated_transformer.cli import main
+    out = str(tmp_path / "run")
+    for argv in (["train", "copy", "--out", out, "steps=0"], ["train", "copy", "steps=0", "--out", out],
+                 ["train", "--quiet", "copy", "steps=0"]):
+        assert main(argv) == 2  # reached the settings check: steps must be positive
+    with pytest.raises(SystemExit):
+        main(["train", "copy", "--out", out, "--bogus"])
+
+
 def test_command_line_errors_are_one_line(tmp_path):
     for args, message in ((["train", "copy", "d_model=65"], "divisible"), (["train", "kopy"], "unknown recipe"),
                           (["train", "copy", "--resume", "--out", str(tmp_path / "none")], "nothing to resume")):

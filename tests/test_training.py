@@ -112,8 +112,12 @@ def test_relation_to_cross_entropy():
     # PyTorch's built-in smoothing spreads epsilon over all V entries, the target and padding included
     keep = target != PAD
     theirs = (1 - 0.1) * F.one_hot(target[keep], 11).double() + 0.1 / 11
-    torch.testing.assert_close(F.cross_entropy(logits, target, label_smoothing=0.1, ignore_index=PAD, reduction="sum"),
-                               F.cross_entropy(logits[keep], theirs, reduction="sum"))
+    builtin = F.cross_entropy(logits, target, label_smoothing=0.1, ignore_index=PAD, reduction="sum")
+    torch.testing.assert_close(builtin, F.cross_entropy(logits[keep], theirs, reduction="sum"))
+    # so the two differ exactly by where the target puts its mass, and by our entropy term
+    log_p = logits.log_softmax(-1)[keep]
+    ours = smooth(logits.log_softmax(-1), target).double()
+    torch.testing.assert_close(ours, builtin + ((theirs - t[keep]) * log_p).sum() - entropy)
 
 
 def test_label_smoothing_stays_finite_and_is_zero_at_the_target():
@@ -163,6 +167,7 @@ class Scripted:
         return torch.zeros(src.size(0), 1, 1)
 
     def decode(self, memory, src_mask, ys, tgt_mask):
+        assert torch.all(ys[:, 0] == BOS), "decoding must start from <s>"
         self.position = ys.size(1) - 1
         return torch.zeros(ys.size(0), ys.size(1), 1)
 
@@ -219,8 +224,18 @@ def test_broken_or_foreign_checkpoints_get_clear_errors(tmp_path):
     with pytest.raises(CheckpointError, match="format 99"):
         load_checkpoint(tmp_path / "future.pt")
     torch.save({"format": 1, "model": {}}, tmp_path / "partial.pt")
-    with pytest.raises(CheckpointError, match="missing config, step"):
+    with pytest.raises(CheckpointError, match="missing config, src_vocab, step, tgt_vocab"):
         load_checkpoint(tmp_path / "partial.pt")
+    (tmp_path / "empty.pt").write_bytes(b"")
+    with pytest.raises(CheckpointError, match="empty.pt: not a readable checkpoint"):
+        load_checkpoint(tmp_path / "empty.pt")
+    base = {"config": {"N": 1, "d_model": 16, "d_ff": 32, "h": 2}, "src_vocab": 10, "tgt_vocab": 10, "step": 1}
+    save_checkpoint(tmp_path / "odd.pt", {**base, "config": {"N": 1, "colour": "red"}, "model": {}})
+    with pytest.raises(CheckpointError, match="odd.pt: the stored configuration is not usable"):
+        model_from_checkpoint(tmp_path / "odd.pt")
+    save_checkpoint(tmp_path / "misfit.pt", {**base, "model": make_model(10, 10, N=1, d_model=32, d_ff=32, h=2).state_dict()})
+    with pytest.raises(CheckpointError, match="misfit.pt: the weights do not fit"):
+        model_from_checkpoint(tmp_path / "misfit.pt")
 
 
 # The training loop
@@ -232,24 +247,35 @@ def final_weights(run_dir):
     return load_checkpoint(sorted((run_dir / "checkpoints").glob("*.pt"))[-1])["model"]
 
 
-def test_an_interrupted_run_resumes_bit_identically(tmp_path):
-    straight = train(TINY.replace(dropout=0.1), tmp_path / "straight", device="cpu", progress=False)
-    interrupted = train(TINY.replace(dropout=0.1), tmp_path / "resumed", device="cpu", progress=False, stop_after=13)
-    assert interrupted["steps"] == 13 and not interrupted["finished"] and "exact_match" not in interrupted
-    resumed = train(TINY.replace(dropout=0.1), tmp_path / "resumed", device="cpu", progress=False, resume=True)
-    assert resumed["steps"] == straight["steps"] == 24
+@pytest.mark.parametrize("recipe, stop", [
+    (TINY.replace(dropout=0.1), 13),                                       # mid-epoch
+    (TINY.replace(dropout=0.1, max_tokens=8000, accum_steps=3), 13),       # accumulation, past an epoch boundary
+])
+def test_an_interrupted_run_resumes_bit_identically(tmp_path, recipe, stop):
+    straight = train(recipe, tmp_path / "straight", device="cpu", progress=False)
+    interrupted = train(recipe, tmp_path / "resumed", device="cpu", progress=False, stop_after=stop)
+    assert interrupted["steps"] == stop and not interrupted["finished"] and "exact_match" not in interrupted
+    # as after a crash: an evaluation line written after the last checkpoint, which the resumed run redoes
+    with open(tmp_path / "resumed" / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"step": stop + 1, "train_loss": 0.0}) + "\n")
+    resumed = train(recipe, tmp_path / "resumed", device="cpu", progress=False, resume=True)
+    assert resumed["steps"] == straight["steps"] == 24 and resumed["finished"]
     a, b = final_weights(tmp_path / "straight"), final_weights(tmp_path / "resumed")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    metrics = [json.loads(line) for line in (tmp_path / "resumed" / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in metrics] == [8, 16, 24]
-    assert metrics[-1]["valid_loss"] == json.loads((tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()[-1])["valid_loss"]
+    read = lambda run: [json.loads(line) for line in (tmp_path / run / "metrics.jsonl").read_text().splitlines()]
+    keep = ("step", "epoch", "train_loss", "valid_loss", "valid_ppl", "lr")
+    assert [{k: m[k] for k in keep} for m in read("resumed")] == [{k: m[k] for k in keep} for m in read("straight")]
+    if recipe.accum_steps == 3:
+        assert read("straight")[-1]["epoch"] >= 2  # the run crossed epoch boundaries
 
 
 def test_run_directory_contents_and_guards(tmp_path):
     run = tmp_path / "run"
-    summary = train(TINY, run, device="cpu", progress=False)
+    summary = train(TINY.replace(keep_checkpoints=2), run, device="cpu", progress=False)
     assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "config.json", "metrics.jsonl", "summary.json"]
-    assert json.loads((run / "config.json").read_text())["recipe"] == TINY.to_dict()
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-000016.pt", "step-000024.pt"]
+    assert load_checkpoint(run / "checkpoints" / "step-000024.pt")["vocab"]["eos"] == EOS
+    assert json.loads((run / "config.json").read_text())["recipe"] == TINY.replace(keep_checkpoints=2).to_dict()
     assert json.loads((run / "summary.json").read_text()) == summary
     line = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
     assert set(line) == {"step", "epoch", "train_loss", "valid_loss", "valid_ppl", "lr", "tokens_per_s", "elapsed_s"}
@@ -258,10 +284,14 @@ def test_run_directory_contents_and_guards(tmp_path):
         train(TINY, run, device="cpu", progress=False)
     with pytest.raises(CheckpointError, match="different recipe"):
         train(TINY.replace(steps=30), run, device="cpu", progress=False, resume=True)
+    with pytest.raises(ValueError, match="factor must be a positive number"):
+        TINY.replace(factor=float("nan"))
+    with pytest.raises(ValueError, match="clip_norm must be a positive number"):
+        TINY.replace(clip_norm=True)
     with pytest.raises(FileNotFoundError, match="nothing to resume"):
         train(TINY, tmp_path / "empty", device="cpu", progress=False, resume=True)
     if not torch.cuda.is_available():
-        with pytest.raises(ValueError, match="no CUDA device"):
+        with pytest.raises(ValueError, match="'cuda' is not available here"):
             train(TINY, tmp_path / "gpu", device="cuda", progress=False)
     import matplotlib
     matplotlib.use("Agg")
@@ -279,26 +309,36 @@ def test_the_copy_recipe_from_the_command_line_copies_held_out_sequences_exactly
     assert summary["exact_match"] >= 0.99 and summary["steps"] == RECIPES["copy"].steps
     model, state = model_from_checkpoint(sorted((run / "checkpoints").glob("*.pt"))[-1])
     assert state["step"] == RECIPES["copy"].steps
-    held_out = copy_task(300, seed=424242)
+    held_out = copy_task(300, seed=424242, exclude=copy_task(20_000, seed=RECIPES["copy"].seed))
     src = pad_sequences([s for s, _ in held_out])
     out = greedy_decode(model, src, (src != PAD)[:, None, :], max_len=src.size(1) + 5)
     wrong = [(s, o) for o, (s, _) in zip(out, held_out) if o != s[:-1]]
     assert len(wrong) <= 3, wrong[:3]  # at least 99% copied exactly
 
 
-def test_settings_may_come_before_or_after_the_options(tmp_path):
+def test_settings_may_come_before_or_after_the_options(tmp_path, capsys):
     from annotated_transformer.cli import main
     out = str(tmp_path / "run")
     for argv in (["train", "copy", "--out", out, "steps=0"], ["train", "copy", "steps=0", "--out", out],
                  ["train", "--quiet", "copy", "steps=0"]):
-        assert main(argv) == 2  # reached the settings check: steps must be positive
-    with pytest.raises(SystemExit):
-        main(["train", "copy", "--out", out, "--bogus"])
+        assert main(argv) == 2
+        assert capsys.readouterr().err == "annotated-transformer: error: steps must be a positive integer, got 0\n"
+    assert main(["train", "copy", "--out", out, "--bogus"]) == 2
+    assert "unrecognized argument '--bogus'" in capsys.readouterr().err
+
+
+def test_held_out_and_validation_data_are_never_trained_on():
+    from annotated_transformer.training import load_task
+    task = load_task(RECIPES["copy"])
+    trained = {tuple(s) for s, _ in task.train}
+    assert not any(tuple(s) in trained for s, _ in task.valid)
+    assert not any(tuple(s) in trained for s, _ in copy_task(500, seed=2, exclude=task.train))
 
 
 def test_command_line_errors_are_one_line(tmp_path):
-    for args, message in ((["train", "copy", "d_model=65"], "divisible"), (["train", "kopy"], "unknown recipe"),
-                          (["train", "copy", "--resume", "--out", str(tmp_path / "none")], "nothing to resume")):
+    for args, message, code in ((["train", "copy", "d_model=65"], "divisible", 2), (["train", "kopy"], "unknown recipe", 2),
+                                (["train"], "required: recipe", 2),
+                                (["train", "copy", "--resume", "--out", str(tmp_path / "none")], "nothing to resume", 1)):
         result = subprocess.run([sys.executable, "-m", "annotated_transformer", *args], capture_output=True, text=True)
-        assert result.returncode == 2
+        assert result.returncode == code
         assert result.stderr.count("\n") == 1 and message in result.stderr and "Traceback" not in result.stderr

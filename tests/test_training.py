@@ -11,14 +11,14 @@ import torch
 import torch.nn.functional as F
 
 from annotated_transformer import make_model
-from annotated_transformer.training import (BOS, EOS, PAD, RECIPES, Batch, CheckpointError, LabelSmoothing,
-                                            accumulate_gradients, copy_task, greedy_decode, load_checkpoint,
-                                            make_optimizer, model_from_checkpoint, pad_sequences, padding_fraction,
-                                            plot_metrics, rate, save_checkpoint, token_batches, train)
+from annotated_transformer.training import (BOS, EOS, PAD, RECIPES, CheckpointError, LabelSmoothing,
+                                            accumulate_gradients, batches_of, copy_task, greedy_decode, load_checkpoint,
+                                            load_task, make_optimizer, model_from_checkpoint, pad_sequences,
+                                            padding_fraction, plot_metrics, rate, save_checkpoint, token_batches, train)
 
 
 def batch_of(pairs):
-    return Batch(pad_sequences([s for s, _ in pairs]), pad_sequences([t for _, t in pairs]))
+    return batches_of(pairs, range(len(pairs)))
 
 
 # Batches and masks
@@ -309,7 +309,7 @@ def test_the_copy_recipe_from_the_command_line_copies_held_out_sequences_exactly
     assert summary["exact_match"] >= 0.99 and summary["steps"] == RECIPES["copy"].steps
     model, state = model_from_checkpoint(sorted((run / "checkpoints").glob("*.pt"))[-1])
     assert state["step"] == RECIPES["copy"].steps
-    held_out = copy_task(300, seed=424242, exclude=copy_task(20_000, seed=RECIPES["copy"].seed))
+    held_out = copy_task(300, seed=424242, exclude=load_task(RECIPES["copy"]).train)
     src = pad_sequences([s for s, _ in held_out])
     out = greedy_decode(model, src, (src != PAD)[:, None, :], max_len=src.size(1) + 5)
     wrong = [(s, o) for o, (s, _) in zip(out, held_out) if o != s[:-1]]
@@ -328,7 +328,6 @@ def test_settings_may_come_before_or_after_the_options(tmp_path, capsys):
 
 
 def test_held_out_and_validation_data_are_never_trained_on():
-    from annotated_transformer.training import load_task
     task = load_task(RECIPES["copy"])
     trained = {tuple(s) for s, _ in task.train}
     assert not any(tuple(s) in trained for s, _ in task.valid)
@@ -342,3 +341,15 @@ def test_command_line_errors_are_one_line(tmp_path):
         result = subprocess.run([sys.executable, "-m", "annotated_transformer", *args], capture_output=True, text=True)
         assert result.returncode == code
         assert result.stderr.count("\n") == 1 and message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_gradient_clipping_is_applied_once_per_update_when_set(tmp_path, monkeypatch):
+    calls = []
+    real = torch.nn.utils.clip_grad_norm_
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda params, norm: calls.append(norm) or real(params, norm))
+    train(TINY.replace(steps=5, eval_every=5, checkpoint_every=5, clip_norm=0.5), tmp_path / "clipped", device="cpu",
+          progress=False)
+    assert calls == [0.5] * 5
+    calls.clear()
+    train(TINY.replace(steps=5, eval_every=5, checkpoint_every=5), tmp_path / "plain", device="cpu", progress=False)
+    assert calls == []

@@ -10,5 +10,9 @@ from .multi_head import MultiHeadedAttention, record_attention
 from .layers import DecoderLayer, EncoderLayer, PositionwiseFeedForward, SublayerConnection
 from .encoding import Embeddings, LearnedPositionalEmbedding, PositionalEncoding, sinusoidal_encoding
 from .model import Decoder, Encoder, EncoderDecoder, Generator, TransformerConfig, make_model
-from .training import (Batch, CheckpointError, LabelSmoothing, Recipe, RECIPES, accumulate_gradients, greedy_decode,
-                       load_checkpoint, make_optimizer, model_from_checkpoint, rate, save_checkpoint, token_batches, train)
+from .training import (Batch, CheckpointError, LabelSmoothing, Recipe, RECIPES, TASKS, accumulate_gradients,
+                       greedy_decode, load_checkpoint, make_optimizer, model_from_checkpoint, rate, save_checkpoint,
+                       token_batches, train)
+from .translation import (DataError, Hypothesis, IncrementalDecoder, Translator, Vocab, WordTokenizer,
+                          average_checkpoints, beam_search, corpus_scores, evaluate_translator, fetch, greedy_search,
+                          length_penalty, load_multi30k)

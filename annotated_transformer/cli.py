@@ -8,12 +8,15 @@ __all__ = ['UsageError', 'parse_override', 'build_parser', 'main']
 # %% ../book/90_command_line.ipynb #ecf3b7b4
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
 import torch
 
 from .training import RECIPES, train
+from .translation import (Translator, checkpoints_to_average, evaluate_translator,
+                                               record_result)
 
 
 class UsageError(Exception):
@@ -39,6 +42,40 @@ def parse_override(text: str) -> tuple[str, object]:
         return key, raw
 
 
+def _non_negative(kind):
+    "An argparse type: a finite number of `kind` (int or float) that is not negative."
+    def convert(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = -1
+        if not (value >= 0 and math.isfinite(value)):
+            raise argparse.ArgumentTypeError(f"expected a {'whole ' if kind is int else ''}number >= 0, got {text!r}")
+        return value
+    return convert
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}")
+    return value
+
+
+def _decoding_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--checkpoint", nargs="+", required=True, type=Path, metavar="PATH",
+                        help="a checkpoint, several (averaged), or a run directory (its last checkpoints, averaged)")
+    parser.add_argument("--beam-size", type=_positive, default=4, help="beams per sentence; 1 is greedy (default 4)")
+    parser.add_argument("--alpha", type=_non_negative(float), default=0.6, help="length penalty exponent (default 0.6)")
+    parser.add_argument("--extra-len", type=_non_negative(int), default=50, help="how much longer than its source a translation may be (default 50)")
+    parser.add_argument("--average", type=_positive, help="with a run directory: how many of its last checkpoints to "
+                        "average (default: the recipe's average_checkpoints)")
+    parser.add_argument("--device", help="cpu, cuda, cuda:N or mps (default: the best available)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     "The `annotated-transformer` argument parser."
     parser = _Parser(prog="annotated-transformer",
@@ -53,38 +90,119 @@ def build_parser() -> argparse.ArgumentParser:
     train_cmd.add_argument("--resume", action="store_true", help="continue the run in --out from its newest checkpoint")
     train_cmd.add_argument("--device", help="cpu, cuda, cuda:N or mps (default: the best available)")
     train_cmd.add_argument("--quiet", action="store_true", help="no progress bar")
+    translate_cmd = commands.add_parser(
+        "translate", help="translate sentences from stdin",
+        description="Translate standard input, one sentence per line, to standard output, in the same order. "
+                    "An empty line gives an empty line.")
+    _decoding_options(translate_cmd)
+    evaluate_cmd = commands.add_parser(
+        "evaluate", help="BLEU of a trained model on a Multi30k split",
+        description="Translate a Multi30k split with beam search and print sacreBLEU (with its signature) and chrF. "
+                    "With a checkpoint of a run, the scores also go into the run's summary.json and into --results.")
+    _decoding_options(evaluate_cmd)
+    evaluate_cmd.add_argument("--split", default="test", choices=["valid", "test"], help="default: test (test2016)")
+    evaluate_cmd.add_argument("--results", type=Path, default=Path("results"),
+                              help="folder for the results file (default: results)")
+    evaluate_cmd.add_argument("--hypotheses", type=Path, help="also write the translations to this file")
     return parser
 
 
+def _device(name: str | None):
+    try:
+        return torch.device(name) if name else None
+    except RuntimeError:
+        raise UsageError(f"--device {name!r} is not a device name (cpu, cuda, cuda:N, mps)") from None
+
+
+def _resolve_checkpoints(paths: list[Path], average: int | None) -> tuple[list[Path], Path | None]:
+    "The checkpoint files to load, and the run directory they belong to (None when they are loose files)."
+    if len(paths) == 1 and paths[0].is_dir():
+        run_dir = paths[0]
+        if average is None:
+            average = json.loads((run_dir / "config.json").read_text())["recipe"].get("average_checkpoints", 1) \
+                if (run_dir / "config.json").exists() else 1
+        return checkpoints_to_average(run_dir, average), run_dir
+    if average is not None:
+        raise UsageError("--average needs a run directory as --checkpoint")
+    for path in paths:
+        if not path.is_file():
+            raise UsageError(f"--checkpoint {str(path)!r}: no such file")
+    parents = {p.resolve().parent for p in paths}
+    run_dir = next(iter(parents)).parent if len(parents) == 1 else None
+    return paths, run_dir if run_dir is not None and (run_dir / "config.json").exists() else None
+
+
+def _train(args, settings) -> dict:
+    if args.recipe not in RECIPES:
+        raise UsageError(f"unknown recipe {args.recipe!r}; the recipes are: {', '.join(RECIPES)}")
+    try:
+        recipe = RECIPES[args.recipe].replace(**settings)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    return train(recipe, args.out or Path("runs") / recipe.name, device=_device(args.device), resume=args.resume,
+                 progress=not args.quiet)
+
+
+def _translate(args) -> None:
+    paths, _ = _resolve_checkpoints(args.checkpoint, args.average)
+    translator = Translator.from_checkpoint(*paths, device=_device(args.device))
+    # UTF-8 whatever the locale says (a replaced sys.stdin, e.g. in a notebook, is already text)
+    text = sys.stdin.buffer.read().decode("utf-8") if hasattr(sys.stdin, "buffer") else sys.stdin.read()
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    translations = translator.translate([line.removesuffix("\r") for line in lines], args.beam_size, args.alpha,
+                                        args.extra_len)
+    out = "".join(t + "\n" for t in translations)
+    if hasattr(sys.stdout, "buffer"):
+        sys.stdout.flush()
+        sys.stdout.buffer.write(out.encode("utf-8"))
+        sys.stdout.buffer.flush()
+    else:
+        sys.stdout.write(out)
+
+
+def _evaluate(args) -> dict:
+    paths, run_dir = _resolve_checkpoints(args.checkpoint, args.average)
+    translator = Translator.from_checkpoint(*paths, device=_device(args.device))
+    evaluation = evaluate_translator(translator, args.split, args.beam_size, args.alpha, args.extra_len)
+    evaluation["checkpoints"] = [p.name for p in paths]
+    print(f"{evaluation['bleu_detail']} ({evaluation['bleu_signature']})")
+    print(f"chrF {evaluation['chrf']} ({evaluation['chrf_signature']})")
+    print(f"tokenized, lowercased BLEU (older tutorials' number; not comparable): {evaluation['tokenized_lowercase_bleu']}")
+    if args.hypotheses:
+        args.hypotheses.write_text("".join(h + "\n" for h in evaluation["hypotheses"]), encoding="utf-8")
+    if run_dir is not None:
+        print(f"recorded in {run_dir / 'summary.json'} and {record_result(run_dir, evaluation, args.results)}")
+    return evaluation
+
+
 def main(argv=None) -> int:
-    """The command line: `annotated-transformer train RECIPE [--out DIR] [--resume] [KEY=VALUE ...]`.
+    """The command line: `annotated-transformer train | translate | evaluate ...` (see `--help`).
 
     Every failure prints one line on stderr, without a traceback: exit code 2 for mistakes in the arguments
     or settings, 1 for anything that goes wrong while running, 130 after Ctrl-C.
     """
+    args = None
     try:
         args, rest = build_parser().parse_known_args(argv)
+        if args.command != "train" and rest:
+            raise UsageError(f"unrecognized arguments: {' '.join(rest)}")
         settings = dict(parse_override(word) for word in rest)  # KEY=VALUE words, before or after the options
-        if args.recipe not in RECIPES:
-            raise UsageError(f"unknown recipe {args.recipe!r}; the recipes are: {', '.join(RECIPES)}")
-        try:
-            recipe = RECIPES[args.recipe].replace(**settings)
-        except ValueError as err:
-            raise UsageError(str(err)) from None
-        try:
-            device = torch.device(args.device) if args.device else None
-        except RuntimeError:
-            raise UsageError(f"--device {args.device!r} is not a device name (cpu, cuda, cuda:N, mps)") from None
-        summary = train(recipe, args.out or Path("runs") / recipe.name, device=device, resume=args.resume,
-                        progress=not args.quiet)
+        if args.command == "train":
+            print(json.dumps(_train(args, settings), indent=2))
+        elif args.command == "translate":
+            _translate(args)
+        else:
+            _evaluate(args)
     except UsageError as err:
         print(f"annotated-transformer: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("annotated-transformer: interrupted; continue with --resume", file=sys.stderr)
+        print("annotated-transformer: interrupted" + ("; continue with --resume" if args and args.command == "train" else ""),
+              file=sys.stderr)
         return 130
     except Exception as err:  # noqa: BLE001 - the command line reports, the library raises
         print(f"annotated-transformer: error: {err}", file=sys.stderr)
         return 1
-    print(json.dumps(summary, indent=2))
     return 0

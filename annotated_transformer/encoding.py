@@ -58,12 +58,13 @@ class PositionalEncoding(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.register_buffer("pe", sinusoidal_encoding(max_len, d_model)[None], persistent=False)  # (1, max_len, d_model)
 
-    def forward(self, x: Tensor) -> Tensor:
-        n = x.size(1)
-        if n > self.pe.size(1):
-            raise ValueError(f"a sequence of {n} positions is longer than max_len={self.pe.size(1)}; the sinusoids are "
+    def forward(self, x: Tensor, start: int = 0) -> Tensor:
+        "`start`: the position of x's first vector (a decoder fed one token at a time, chapter 7, asks for t)."
+        end = start + x.size(1)
+        if end > self.pe.size(1):
+            raise ValueError(f"a sequence of {end} positions is longer than max_len={self.pe.size(1)}; the sinusoids are "
                              f"defined for every position, so build the model with a larger max_len")
-        return self.dropout(x + self.pe[:, :n])
+        return self.dropout(x + self.pe[:, start:end])
 
 # %% ../book/04_encoding.ipynb #d24703ca
 class LearnedPositionalEmbedding(nn.Module):
@@ -78,9 +79,10 @@ class LearnedPositionalEmbedding(nn.Module):
         self.embedding = nn.Embedding(max_len, d_model)
         nn.init.normal_(self.embedding.weight, mean=0.0, std=d_model**-0.5)
 
-    def forward(self, x: Tensor) -> Tensor:
-        n = x.size(1)
-        if n > self.embedding.num_embeddings:
-            raise ValueError(f"a sequence of {n} positions is longer than max_len={self.embedding.num_embeddings}: "
+    def forward(self, x: Tensor, start: int = 0) -> Tensor:
+        "`start`: the position of x's first vector, as in `PositionalEncoding`."
+        end = start + x.size(1)
+        if end > self.embedding.num_embeddings:
+            raise ValueError(f"a sequence of {end} positions is longer than max_len={self.embedding.num_embeddings}: "
                              "a learned positional embedding has no vectors for positions it was not built with")
-        return self.dropout(x + self.embedding.weight[:n])
+        return self.dropout(x + self.embedding.weight[start:end])

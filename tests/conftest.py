@@ -1,4 +1,12 @@
 """pytest settings shared by the package tests and nbval's notebook tests (`pytest tests book --nbval`)."""
+import os
+from pathlib import Path
+
+# Data sets come from the local mirror beside the project when there is one (no network needed), as in CI;
+# set before any notebook kernel starts, so the notebooks see it too.
+_MIRROR = Path(__file__).resolve().parents[2] / "shared" / "data"
+if "AT_MIRROR" not in os.environ and _MIRROR.is_dir():
+    os.environ["AT_MIRROR"] = str(_MIRROR)
 
 
 def pytest_collection_modifyitems(items):

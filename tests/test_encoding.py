@@ -73,3 +73,14 @@ def test_learned_positions_are_trainable_and_bounded():
     assert layer.embedding.weight.grad is not None
     with pytest.raises(ValueError, match="max_len=5"):
         layer(torch.zeros(1, 6, 8))
+
+
+@pytest.mark.parametrize("kind", [PositionalEncoding, LearnedPositionalEmbedding])
+def test_a_slice_fed_at_its_start_gets_the_same_positions_as_in_the_whole(kind):
+    layer = kind(8, dropout=0.0, max_len=10)
+    x = torch.randn(2, 10, 8)
+    whole = layer(x)
+    torch.testing.assert_close(layer(x[:, 4:7], start=4), whole[:, 4:7])
+    torch.testing.assert_close(layer(x[:, 9:], start=9), whole[:, 9:])
+    with pytest.raises(ValueError, match="max_len"):
+        layer(x[:, :2], start=9)  # positions 9 and 10: one beyond the table

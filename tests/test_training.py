@@ -1,4 +1,5 @@
 """Training machinery (book/06_training.ipynb): batches, schedule, loss, accumulation, checkpoints, resume, copy task."""
+import dataclasses
 import json
 import os
 import pickle
@@ -129,6 +130,12 @@ def test_label_smoothing_stays_finite_and_is_zero_at_the_target():
     loss = smooth(log_probs, target)
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(log_probs.grad).all()
+    # no probability at all on a right token: the divergence is infinite (not NaN)
+    assert smooth(log_probs.detach(), torch.tensor([PAD, 5, PAD])).item() < float("inf")
+    assert smooth(log_probs.detach(), torch.tensor([PAD, 5, 3])).item() < float("inf")
+    hopeless = log_probs.detach().clone()
+    hopeless[1, 5] = float("-inf")
+    assert smooth(hopeless, torch.tensor([2, 5, PAD])).item() == float("inf")
     perfect = smooth.smoothed_targets(target[:2]).log()  # -inf where the target is 0
     assert smooth(perfect, target[:2]).item() == pytest.approx(0.0, abs=1e-6)
 
@@ -353,3 +360,31 @@ def test_gradient_clipping_is_applied_once_per_update_when_set(tmp_path, monkeyp
     calls.clear()
     train(TINY.replace(steps=5, eval_every=5, checkpoint_every=5), tmp_path / "plain", device="cpu", progress=False)
     assert calls == []
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1, 0.3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_closed_form_equals_the_kl_divergence_from_the_full_target(smoothing, dtype):
+    torch.manual_seed(3)
+    smooth = LabelSmoothing(9, PAD, smoothing)
+    target = torch.tensor([4, PAD, 8, 1, 2, PAD, 3])
+    log_probs = torch.randn(7, 9, dtype=torch.float64).log_softmax(-1)
+    t = smooth.smoothed_targets(target).double()
+    explicit = torch.where(t > 0, t * (torch.where(t > 0, t, 1.0).log() - log_probs), 0.0).sum()
+    tolerance = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 0.05, "rtol": 0.02}
+    torch.testing.assert_close(smooth(log_probs.to(dtype), target).double(), explicit, **tolerance)
+    # and the gradients too
+    lp = log_probs.to(dtype).requires_grad_()
+    smooth(lp, target).backward()
+    torch.testing.assert_close(lp.grad.double(), torch.where(target[:, None] != PAD, -t, 0.0), **tolerance)
+
+
+def test_tasks_are_looked_up_by_name_and_data_settings_are_checked():
+    with pytest.raises(ValueError, match="unknown task 'nope'; the tasks are .*copy"):
+        load_task(dataclasses.replace(RECIPES["copy"], task="nope"))
+    with pytest.raises(ValueError, match="direction must look like 'de-en'"):
+        RECIPES["copy"].replace(direction="german")
+    with pytest.raises(ValueError, match="average_checkpoints .* cannot exceed keep_checkpoints"):
+        RECIPES["copy"].replace(average_checkpoints=9, keep_checkpoints=3)
+    with pytest.raises(ValueError, match="min_freq must be a positive integer"):
+        RECIPES["copy"].replace(min_freq=0)

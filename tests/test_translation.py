@@ -1,0 +1,396 @@
+"""Results on real data (book/07_results.ipynb): data download and verification, vocabularies, incremental
+decoding, beam search, checkpoint averaging, BLEU, the Translator and the translate/evaluate commands."""
+import gzip
+import hashlib
+import itertools
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from annotated_transformer import make_model
+from annotated_transformer.attention import subsequent_mask
+from annotated_transformer.training import (BOS, EOS, PAD, RECIPES, greedy_decode, load_task, pad_sequences,
+                                            save_checkpoint, train)
+from annotated_transformer.translation import (MULTI30K_SHA256, DataError, IncrementalDecoder, Translator, Vocab,
+                                               WordTokenizer, average_checkpoints, beam_search, corpus_scores, fetch,
+                                               greedy_search, length_penalty, load_multi30k, read_lines, read_parallel)
+
+def gz(path: Path, lines: list[str]) -> Path:
+    path.write_bytes(gzip.compress("".join(line + "\n" for line in lines).encode()))
+    return path
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+# Data
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("AT_DATA_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def test_fetch_copies_from_a_mirror_verifies_and_prints_the_terms_once(tmp_path, cache, monkeypatch, capsys):
+    mirror = tmp_path / "mirror"
+    (mirror / "demo").mkdir(parents=True)
+    source = gz(mirror / "demo" / "a.gz", ["one", "two"])
+    monkeypatch.setenv("AT_MIRROR", str(mirror))
+    path = fetch("demo", "a.gz", sha(source), "https://example.invalid", terms="DEMO TERMS")
+    assert path == cache / "demo" / "a.gz" and read_lines(path) == ["one", "two"]
+    assert fetch("demo", "a.gz", sha(source), "https://example.invalid", terms="DEMO TERMS") == path  # cached
+    path.unlink()
+    assert fetch("demo", "a.gz", sha(source), "https://example.invalid", terms="DEMO TERMS") == path  # fetched again
+    assert capsys.readouterr().err.count("DEMO TERMS") == 1  # the terms, once
+    # a damaged cached copy is fetched again
+    path.write_bytes(b"damaged")
+    assert read_lines(fetch("demo", "a.gz", sha(source), "https://example.invalid")) == ["one", "two"]
+    # the mirror may also be a URL base
+    path.unlink()
+    monkeypatch.setenv("AT_MIRROR", mirror.as_uri())
+    assert read_lines(fetch("demo", "a.gz", sha(source), "https://example.invalid")) == ["one", "two"]
+
+
+def test_a_checksum_mismatch_is_refused_and_nothing_is_kept(tmp_path, cache, monkeypatch):
+    (tmp_path / "mirror" / "demo").mkdir(parents=True)
+    gz(tmp_path / "mirror" / "demo" / "a.gz", ["not what we expect"])
+    monkeypatch.setenv("AT_MIRROR", str(tmp_path / "mirror"))
+    with pytest.raises(DataError, match="not the expected file .* it was not kept"):
+        fetch("demo", "a.gz", "0" * 64, "https://example.invalid")
+    assert list((cache / "demo").iterdir()) == []
+
+
+def test_no_network_and_no_mirror_says_where_to_put_the_files(tmp_path, cache, monkeypatch):
+    monkeypatch.setenv("AT_MIRROR", str(tmp_path / "empty"))
+    with pytest.raises(DataError, match=r"could not get .*val\.de\.gz.*put val\.de\.gz into .*multi30k, or set "
+                                        r"AT_MIRROR to a folder that holds multi30k/val\.de\.gz"):
+        load_multi30k("valid")
+    monkeypatch.delenv("AT_MIRROR")
+    with pytest.raises(DataError, match="could not get"):  # no network here, or a bad address: the same advice
+        fetch("demo", "a.gz", "0" * 64, "http://127.0.0.1:9")
+
+
+def test_parallel_files_must_have_the_same_number_of_lines(tmp_path):
+    a, b = gz(tmp_path / "a.gz", ["x", "y"]), gz(tmp_path / "b.gz", ["x"])
+    with pytest.raises(DataError, match=r"a\.gz has 2 lines but .*b\.gz has 1"):
+        read_parallel(a, b)
+
+
+def test_lines_split_only_on_newlines(tmp_path):
+    path = gz(tmp_path / "a.gz", ["one\u2028still one", "two\r"])
+    assert read_lines(path) == ["one\u2028still one", "two"]
+
+
+def test_multi30k_has_the_published_sizes_and_checksums():
+    for file, digest in MULTI30K_SHA256.items():  # fetch verified them; check the cached copies again anyway
+        assert sha(fetch("multi30k", file, digest, "https://example.invalid")) == digest
+    sizes = {split: len(load_multi30k(split)) for split in ("train", "valid", "test")}
+    assert sizes == {"train": 29_000, "valid": 1_014, "test": 1_000}
+    de_en, en_de = load_multi30k("test", "de-en"), load_multi30k("test", "en-de")
+    assert de_en[0] == en_de[0][::-1] and de_en[0][0].startswith("Ein Mann")
+    with pytest.raises(ValueError, match="direction 'de-en' or 'en-de'"):
+        load_multi30k("test", "de-fr")
+    with pytest.raises(ValueError, match="unknown Multi30k split"):
+        load_multi30k("dev")
+
+
+# Words
+
+def test_vocabulary_is_deterministic_with_specials_first_and_unknown_words():
+    sentences = [["b", "a", "c"], ["a", "b"], ["a", "d"]]
+    vocab = Vocab.build(sentences, min_freq=2)
+    assert vocab.itos == ["<pad>", "<s>", "</s>", "<unk>", "a", "b"]
+    assert vocab.encode(["a", "c", "zzz"]) == [4, 3, 3] and vocab.decode([4, 5]) == ["a", "b"]
+    assert Vocab.build(reversed(sentences), min_freq=1).itos == Vocab.build(sentences, min_freq=1).itos
+    with pytest.raises(ValueError, match="starts with"):
+        Vocab(["a", "<pad>"])
+
+
+def test_tokenizer_round_trip_and_the_task_vocabulary_comes_from_training_data_only():
+    english = WordTokenizer("en")
+    assert english(["A dog, running.  ", ""]) == [["A", "dog", ",", "running", "."], []]
+    assert english.detokenize(["A", "dog", ",", "running", "."]) == "A dog, running."
+    # a hyphen inside a word comes back joined; a free-standing dash keeps its spaces
+    tokens = english(["A t-shirt - and a well-known dog-"])[0]
+    assert tokens == ["A", "t", "@-@", "shirt", "-", "and", "a", "well", "@-@", "known", "dog-"]
+    assert english.detokenize(tokens) == "A t-shirt - and a well-known dog-"
+    task = load_task(RECIPES["multi30k-cpu"])  # min_freq=2
+    # The English training split has 10,833 distinct tokens, 6,187 of them seen at least twice; a vocabulary that
+    # had seen the test set would be larger, and would hold words found only there (Barcelona, Corazon, Dali).
+    assert len(task.vocab["tgt"]) == 4 + 6_187
+    assert not {"Barcelona", "Corazon", "Dali", "Oregon", "Australian"} & set(task.vocab["tgt"])  # the last two: once
+    assert task.vocab["direction"] == "de-en" and task.tgt_vocab == len(task.vocab["tgt"])
+    src, tgt = task.train[0]
+    assert src[-1] == EOS and tgt[0] == BOS and tgt[-1] == EOS and len(task.train) == 29_000
+
+
+def test_the_other_direction_swaps_the_sides():
+    de_en, en_de = load_task(RECIPES["multi30k-cpu"]), load_task(RECIPES["multi30k-cpu"].replace(direction="en-de"))
+    assert en_de.vocab["direction"] == "en-de"
+    assert en_de.vocab["src"] == de_en.vocab["tgt"] and en_de.vocab["tgt"] == de_en.vocab["src"]
+    assert en_de.train[0][0][:-1] == de_en.train[0][1][1:-1] and en_de.src_vocab == de_en.tgt_vocab
+
+
+# Decoding
+
+def sharp_model(seed: int, vocab: int = 30, **settings):
+    torch.manual_seed(seed)
+    model = make_model(vocab, vocab, **{"N": 2, "d_model": 32, "d_ff": 64, "h": 4, **settings}).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(2.5)  # sharper distributions than at initialisation, so beams and steps differ
+    return model.double()  # float64: equal computations in a different order agree to ~1e-12, so ties cannot flip
+
+
+def random_sources(seed: int, vocab: int, lengths):
+    g = torch.Generator().manual_seed(seed)
+    src = pad_sequences([torch.randint(3, vocab, (n,), generator=g).tolist() + [EOS] for n in lengths])
+    return src, (src != PAD)[:, None, :]
+
+
+@pytest.mark.parametrize("settings", [{}, {"norm_first": True}, {"positional": "learned"}, {"share_embeddings": False}])
+def test_incremental_steps_equal_a_full_forward_pass(settings):
+    model = sharp_model(0, **settings)
+    src, src_mask = random_sources(1, 30, [4, 9, 1])
+    tgt = torch.randint(3, 30, (3, 8))
+    tgt[:, 0] = BOS
+    with torch.no_grad():
+        memory = model.encode(src, src_mask)
+        full = model.generator(model.decode(memory, src_mask, tgt, subsequent_mask(8)))
+        for cache in (True, False):
+            decoder = IncrementalDecoder(model, memory, src_mask, cache=cache)
+            steps = torch.stack([decoder.step(tgt[:, t]) for t in range(8)], dim=1)
+            torch.testing.assert_close(steps, full, atol=1e-10, rtol=1e-10)
+
+
+def test_selecting_rows_reorders_the_cache():
+    model = sharp_model(2)
+    src, src_mask = random_sources(3, 30, [5, 6, 7])
+    tgt = torch.randint(3, 30, (3, 5))
+    with torch.no_grad():
+        memory = model.encode(src, src_mask)
+        decoder = IncrementalDecoder(model, memory, src_mask)
+        for t in range(3):
+            decoder.step(tgt[:, t])
+        decoder.select(torch.tensor([2, 0]))
+        last = decoder.step(tgt[[2, 0], 3])
+        full = model.generator(model.decode(memory[[2, 0]], src_mask[[2, 0]], tgt[[2, 0], :4], subsequent_mask(4)))
+    torch.testing.assert_close(last, full[:, -1], atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("beam_size", [1, 2, 4, 6])
+def test_cached_and_uncached_search_agree(seed, beam_size):
+    model = sharp_model(seed)
+    src, src_mask = random_sources(seed, 30, [3, 8, 5, 1, 12])
+    cached = beam_search(model, src, src_mask, beam_size=beam_size, extra_len=6)
+    uncached = beam_search(model, src, src_mask, beam_size=beam_size, extra_len=6, cache=False)
+    assert [h.tokens for h in cached] == [h.tokens for h in uncached]
+    for a, b in zip(cached, uncached):
+        assert a.score == pytest.approx(b.score, abs=1e-9) and a.log_prob == pytest.approx(b.log_prob, abs=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_greedy_search_is_greedy_decoding(seed):
+    model = sharp_model(seed)
+    src, src_mask = random_sources(seed, 30, [3, 8, 5, 12])
+    greedy = greedy_search(model, src, src_mask, extra_len=5, banned=())  # greedy_decode may choose any token
+    assert greedy == greedy_search(model, src, src_mask, extra_len=5, cache=False, banned=())
+    reference = greedy_decode(model, src, src_mask, max_len=src.size(1) + 5)
+    for g, r, n in zip(greedy, reference, src_mask.sum(dim=(1, 2)).tolist()):
+        assert g == r[:len(g)]
+        assert len(g) == len(r) or len(g) == n + 5 - 1  # stopped at </s>, or at its own length limit
+
+
+def test_scores_are_length_normalised_log_probabilities():
+    model = sharp_model(5)
+    src, src_mask = random_sources(5, 30, [4, 6])
+    memory = model.encode(src, src_mask)
+    for alpha in (0.0, 0.6, 1.0):
+        for i, hyp in enumerate(beam_search(model, src, src_mask, beam_size=3, alpha=alpha, extra_len=6)):
+            tgt = torch.tensor([[BOS] + hyp.tokens])
+            with torch.no_grad():
+                log_probs = model.generator(model.decode(memory[i:i + 1], src_mask[i:i + 1], tgt,
+                                                         subsequent_mask(tgt.size(1))))[0]
+            targets = hyp.tokens + [EOS]
+            log_prob = sum(log_probs[t, tok].item() for t, tok in enumerate(targets))
+            assert hyp.log_prob == pytest.approx(log_prob, abs=1e-9)
+            assert hyp.score == pytest.approx(log_prob / length_penalty(len(targets), alpha), abs=1e-9)
+
+
+def test_a_beam_wide_enough_finds_the_best_translation_exactly():
+    model = sharp_model(7, vocab=5)
+    src, src_mask = random_sources(7, 5, [1])  # two source positions, so at most 2 + 1 output tokens
+    memory = model.encode(src, src_mask)
+    best = None
+    for n in range(3):  # every output: n tokens other than </s>, then </s>; the third token must be </s>
+        for prefix in itertools.product([t for t in range(5) if t != EOS], repeat=n):
+            tgt = torch.tensor([[BOS, *prefix]])
+            with torch.no_grad():
+                lp = model.generator(model.decode(memory, src_mask, tgt, subsequent_mask(tgt.size(1))))[0]
+            log_prob = sum(lp[t, tok].item() for t, tok in enumerate([*prefix, EOS]))
+            score = log_prob / length_penalty(n + 1, 0.6)
+            best = max(best or (score, list(prefix)), (score, list(prefix)))
+    hyp = beam_search(model, src, src_mask, beam_size=25, alpha=0.6, extra_len=1, banned=())[0]
+    assert hyp.tokens == best[1] and hyp.score == pytest.approx(best[0], abs=1e-9)
+
+
+def reference_beam_search(model, src, src_mask, k, alpha, limit):
+    "The same search rules, one sentence at a time, re-running the decoder over each prefix: an oracle for the batch."
+    memory = model.encode(src, src_mask)
+    beams, finished = [([], 0.0)], []
+    for length in range(1, limit + 1):
+        candidates = []
+        for tokens, score in beams:
+            tgt = torch.tensor([[BOS, *tokens]])
+            with torch.no_grad():
+                lp = model.generator(model.decode(memory, src_mask, tgt, subsequent_mask(tgt.size(1))))[0, -1]
+            for token in range(lp.size(0)):
+                if token in (PAD, BOS) or (length == limit and token != EOS):
+                    continue
+                candidates.append((score + lp[token].item(), tokens, token))
+        candidates.sort(key=lambda c: -c[0])
+        alive = []
+        for rank, (score, tokens, token) in enumerate(candidates[:2 * k]):
+            if token == EOS:
+                if rank < k:
+                    finished.append((score / length_penalty(length, alpha), tokens))
+            elif len(alive) < k:
+                alive.append((tokens + [token], score))
+        if len(finished) >= k or not alive:
+            break
+        beams = alive
+    return max(finished)
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("beam_size", [2, 3])
+def test_batched_beam_search_follows_the_one_sentence_oracle(seed, beam_size):
+    model = sharp_model(seed, vocab=12)
+    src, src_mask = random_sources(seed + 10, 12, [2, 6, 4])
+    hyps = beam_search(model, src, src_mask, beam_size=beam_size, alpha=0.6, extra_len=4)
+    for i, hyp in enumerate(hyps):
+        limit = int(src_mask[i].sum()) + 4
+        score, tokens = reference_beam_search(model, src[i:i + 1], src_mask[i:i + 1], beam_size, 0.6, limit)
+        assert hyp.tokens == tokens and hyp.score == pytest.approx(score, abs=1e-9)
+
+
+def test_padding_and_start_symbols_are_never_produced():
+    model = sharp_model(11, vocab=8)
+    with torch.no_grad():
+        model.generator.proj.bias[[PAD, BOS]] = 50.0  # a model that loves them
+    src, src_mask = random_sources(11, 8, [3, 5])
+    for hyp in beam_search(model, src, src_mask, beam_size=3, extra_len=5):
+        assert PAD not in hyp.tokens and BOS not in hyp.tokens
+    assert any(BOS in t or PAD in t for t in greedy_search(model, src, src_mask, extra_len=5, banned=()))
+
+
+def test_translations_respect_the_length_limit_and_the_model_positions():
+    model = sharp_model(8, max_len=12)
+    src, src_mask = random_sources(8, 30, [2, 10])
+    for hyp, n in zip(beam_search(model, src, src_mask, beam_size=3, extra_len=50), [3, 11]):
+        assert len(hyp.tokens) + 1 <= min(n + 50, 11)
+
+
+# Averaging and scores
+
+def test_averaging_known_checkpoints_and_refusing_different_models(tmp_path):
+    model = make_model(10, 10, N=1, d_model=8, d_ff=16, h=2)
+    config = {k: getattr(model.config, k) for k in model.config.__dataclass_fields__}
+    paths = []
+    for i, value in enumerate([1.0, -2.0, 7.0, 2.0]):
+        weights = {name: torch.full_like(t, value) for name, t in model.state_dict().items()}
+        paths.append(save_checkpoint(tmp_path / f"step-{i:06d}.pt", {
+            "config": config, "model": weights, "step": i, "src_vocab": 10, "tgt_vocab": 10, "vocab": {},
+            "optimizer": {}, "rng": {}}))
+    averaged = average_checkpoints(paths)
+    assert all(torch.equal(t, torch.full_like(t, 2.0)) for t in averaged["model"].values())
+    assert averaged["step"] == 3 and "optimizer" not in averaged and "rng" not in averaged
+    other = make_model(10, 10, N=1, d_model=16, d_ff=16, h=2)
+    odd = save_checkpoint(tmp_path / "odd.pt", {"config": {**config, "d_model": 16}, "model": other.state_dict(),
+                                                "step": 9, "src_vocab": 10, "tgt_vocab": 10})
+    with pytest.raises(Exception, match="odd.pt: its model configuration differs"):
+        average_checkpoints([paths[0], odd])
+
+
+def test_corpus_scores_use_sacrebleu_defaults_and_label_the_tokenized_score():
+    refs = ["A man is riding a bike.", "Two dogs play in the snow."]
+    perfect = corpus_scores(refs, refs, lang="en")
+    assert perfect["bleu"] == 100.0 and perfect["chrf"] == 100.0
+    assert "case:mixed" in perfect["bleu_signature"] and "tok:13a" in perfect["bleu_signature"]
+    lowered = corpus_scores([r.lower() for r in refs], refs, lang="en")
+    assert lowered["bleu"] < 100.0 and lowered["tokenized_lowercase_bleu"] == 100.0
+    with pytest.raises(ValueError, match="1 hypotheses for 2 references"):
+        corpus_scores(refs[:1], refs)
+
+
+# The translator and the commands, end to end on a tiny model
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("runs") / "multi30k-tiny"
+    recipe = RECIPES["multi30k-cpu"].replace(N=1, d_model=32, d_ff=64, max_len=64, steps=40, max_tokens=1500, warmup=20,
+                                             eval_every=20, checkpoint_every=10, keep_checkpoints=3,
+                                             average_checkpoints=3)
+    summary = train(recipe, run_dir, progress=False)
+    return run_dir, summary
+
+
+def test_training_on_multi30k_records_vocabularies_and_a_validation_bleu(tiny_run):
+    run_dir, summary = tiny_run
+    assert summary["finished"] and "valid_greedy_bleu" in summary and "case:mixed" in summary["bleu_signature"]
+    translator = Translator.from_checkpoint(*sorted((run_dir / "checkpoints").glob("*.pt")))  # averaged
+    assert translator.direction == "de-en" and len(translator.tgt_vocab) > 1000
+
+
+def test_translator_defines_empty_long_and_unknown_inputs(tiny_run):
+    run_dir, _ = tiny_run
+    translator = Translator.from_checkpoint(sorted((run_dir / "checkpoints").glob("*.pt"))[-1], device="cpu")
+    long = " ".join(["Hund"] * 100)  # the model has 64 positions
+    with pytest.warns(UserWarning, match="1 input.* were cut to fit"):
+        out = translator.translate(["Ein Hund.", "", "   ", "Quokkaxyz!", long, "Ein Hund."])
+    assert len(out) == 6 and out[1] == out[2] == "" and out[0] == out[5]
+    assert all(isinstance(o, str) for o in out)
+    with pytest.raises(TypeError, match="list of strings"):
+        translator.translate([None])
+
+
+def test_a_checkpoint_of_another_task_is_not_a_translator(tmp_path):
+    summary = train(RECIPES["copy"].replace(steps=2, eval_every=1, checkpoint_every=1), tmp_path / "copy", progress=False)
+    assert summary["finished"]
+    with pytest.raises(ValueError, match="not trained on text"):
+        Translator.from_checkpoint(sorted((tmp_path / "copy" / "checkpoints").glob("*.pt"))[-1])
+
+
+def run_cli(*args, stdin=None, cwd=None):
+    return subprocess.run([sys.executable, "-m", "annotated_transformer", *args], input=stdin, capture_output=True,
+                          text=True, cwd=cwd, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+
+
+def test_translate_and_evaluate_commands(tiny_run, tmp_path):
+    run_dir, _ = tiny_run
+    last = sorted((run_dir / "checkpoints").glob("*.pt"))[-1]
+    done = run_cli("translate", "--checkpoint", str(last), "--beam-size", "2", stdin="Ein Hund.\n\nZwei Männer.\n")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.split("\n")
+    assert len(lines) == 4 and lines[1] == "" and lines[3] == ""
+    done = run_cli("evaluate", "--checkpoint", str(run_dir), "--split", "valid", "--results", str(tmp_path / "results"),
+                   "--hypotheses", str(tmp_path / "hyps.txt"))
+    assert done.returncode == 0, done.stderr
+    summary = json.loads((run_dir / "summary.json").read_text())
+    result = json.loads((tmp_path / "results" / "multi30k-cpu-de-en-valid.json").read_text())
+    assert f"BLEU = {result['bleu']:.2f}" in done.stdout and result["bleu_signature"] in done.stdout
+    assert "case:mixed" in result["bleu_signature"] and "tokenized, lowercased" in done.stdout
+    assert summary["evaluation"]["valid"]["bleu"] == result["bleu"]
+    assert result["checkpoints"] == [p.name for p in sorted((run_dir / "checkpoints").glob("*.pt"))]  # the last 3
+    assert result["steps"] == 40 and result["metrics"] and result["direction"] == "de-en" and result["beam_size"] == 4
+    assert len((tmp_path / "hyps.txt").read_text().splitlines()) == 1014
+    done = run_cli("evaluate", "--checkpoint", str(last), "--average", "2")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "--average needs a run directory" in done.stderr

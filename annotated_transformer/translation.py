@@ -8,11 +8,12 @@ __all__ = ['MULTI30K_URL', 'MULTI30K_SPLITS', 'MULTI30K_SHA256', 'MULTI30K_TERMS
            'IncrementalDecoder', 'length_penalty', 'Hypothesis', 'beam_search', 'greedy_search', 'average_checkpoints',
            'checkpoints_to_average', 'Translator', 'corpus_scores', 'evaluate_translator', 'record_result']
 
-# %% ../book/07_results.ipynb #7b3dac6d
+# %% ../book/07_results.ipynb #35e317fe
 import functools
 import gzip
 import hashlib
 import http.client
+import inspect
 import json
 import math
 import os
@@ -31,8 +32,9 @@ from torch import Tensor
 from . import __version__
 from .attention import subsequent_mask
 from .model import EncoderDecoder, TransformerConfig, make_model
-from .training import (
-    BOS, EOS, PAD, RECIPES, TASKS, CheckpointError, Recipe, Task, load_checkpoint, pad_sequences, write_json)
+from annotated_transformer.training import (
+    BOS, EOS, PAD, RECIPES, TASKS, CheckpointError, Recipe, Task, default_device, load_checkpoint, pad_sequences,
+    write_json)
 
 # %% ../book/07_results.ipynb #86644343
 class DataError(RuntimeError):
@@ -498,8 +500,6 @@ class Translator:
 
     @classmethod
     def from_checkpoint(cls, *paths, device=None, batch_size: int = 64) -> "Translator":
-        from .training import default_device
-
         device = torch.device(device) if device is not None else default_device()
         if not paths:
             raise ValueError("from_checkpoint needs at least one checkpoint path")
@@ -565,10 +565,10 @@ def evaluate_translator(translator: Translator, split: str = "test", beam_size: 
     return {"dataset": "multi30k", "split": split, "direction": translator.direction, "beam_size": beam_size,
             "alpha": alpha, "extra_len": extra_len, **scores, "hypotheses": hypotheses}
 
-# %% ../book/07_results.ipynb #cc44a96f
+# %% ../book/07_results.ipynb #5310bedb
 def _commit() -> str | None:
     "The git commit of the package's source, with '-dirty' when it has uncommitted changes; None outside git."
-    here = Path(__file__).resolve().parent
+    here = Path(inspect.getfile(write_json)).resolve().parent  # the package's folder (also from the notebook)
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, check=True).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=here, capture_output=True,

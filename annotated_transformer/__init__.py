@@ -16,3 +16,4 @@ from .training import (Batch, CheckpointError, LabelSmoothing, Recipe, RECIPES, 
 from .translation import (DataError, Hypothesis, IncrementalDecoder, Translator, Vocab, WordTokenizer,
                           average_checkpoints, beam_search, corpus_scores, evaluate_translator, fetch, greedy_search,
                           length_penalty, load_multi30k)
+from .bench import bench_table, bench_training, bench_translation, run_benchmark, use_path, write_benchmark

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from .bench import bench_table, run_benchmark, write_benchmark
 from .training import RECIPES, train
 from .translation import (Translator, checkpoints_to_average, evaluate_translator,
                                                record_result)
@@ -104,6 +105,19 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate_cmd.add_argument("--results", type=Path, default=Path("results"),
                               help="folder for the results file (default: results)")
     evaluate_cmd.add_argument("--hypotheses", type=Path, help="also write the translations to this file")
+    bench_cmd = commands.add_parser(
+        "bench", help="measure training and translation speed on this machine",
+        description="Measure training throughput (straightforward and fast paths) and translation throughput "
+                    "(with and without the incremental cache), and write OUT/bench-<device>.json and .md.")
+    bench_cmd.add_argument("--checkpoint", nargs="+", type=Path, metavar="PATH",
+                           help="a trained Multi30k translator for the translation part: checkpoint(s) or a run "
+                                "directory (default: runs/multi30k-cpu)")
+    bench_cmd.add_argument("--no-translation", action="store_true", help="measure training only")
+    bench_cmd.add_argument("--device", help="cpu, cuda, cuda:N or mps (default: the best available)")
+    bench_cmd.add_argument("--repeats", type=_positive, default=3, help="repetitions of each measurement (default 3)")
+    bench_cmd.add_argument("--compile", action=argparse.BooleanOptionalAction,
+                           help="also measure the fast path under torch.compile (default: on CUDA only)")
+    bench_cmd.add_argument("--out", type=Path, default=Path("results"), help="folder for the results (default: results)")
     return parser
 
 
@@ -177,8 +191,24 @@ def _evaluate(args) -> dict:
     return evaluation
 
 
+def _bench(args) -> dict:
+    checkpoint = None
+    if not args.no_translation:
+        if args.checkpoint is None and not Path("runs/multi30k-cpu").exists():
+            raise UsageError("the translation benchmark needs a trained Multi30k translator: train one with "
+                             "`annotated-transformer train multi30k-cpu` (about 27 minutes on 2 CPU cores), pass "
+                             "--checkpoint, or measure training only with --no-translation")
+        checkpoint, _ = _resolve_checkpoints(args.checkpoint or [Path("runs/multi30k-cpu")], None)
+    result = run_benchmark(device=_device(args.device), checkpoint=checkpoint, repeats=args.repeats,
+                           compile=args.compile, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    paths = write_benchmark(result, args.out)
+    print(bench_table(result))
+    print(f"\nwritten: {paths[0]} and {paths[1]}")
+    return result
+
+
 def main(argv=None) -> int:
-    """The command line: `annotated-transformer train | translate | evaluate ...` (see `--help`).
+    """The command line: `annotated-transformer train | translate | evaluate | bench ...` (see `--help`).
 
     Every failure prints one line on stderr, without a traceback: exit code 2 for mistakes in the arguments
     or settings, 1 for anything that goes wrong while running, 130 after Ctrl-C.
@@ -193,8 +223,10 @@ def main(argv=None) -> int:
             print(json.dumps(_train(args, settings), indent=2))
         elif args.command == "translate":
             _translate(args)
-        else:
+        elif args.command == "evaluate":
             _evaluate(args)
+        else:
+            _bench(args)
     except UsageError as err:
         print(f"annotated-transformer: error: {err}", file=sys.stderr)
         return 2

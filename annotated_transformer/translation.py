@@ -32,6 +32,7 @@ from torch import Tensor
 from . import __version__
 from .attention import subsequent_mask
 from .model import EncoderDecoder, TransformerConfig, make_model
+from .multi_head import stacked
 from annotated_transformer.training import (
     BOS, EOS, PAD, RECIPES, TASKS, CheckpointError, Recipe, Task, default_device, load_checkpoint, pad_sequences,
     write_json)
@@ -272,65 +273,91 @@ RECIPES["multi30k-cpu"] = Recipe(
     keep_checkpoints=5, average_checkpoints=5)
 
 # %% ../book/07_results.ipynb #ccebe580
-def _attend(mha, x: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
-    "Multi-head attention of the queries from x (batch, n, d_model) over already projected keys and values."
-    q = mha.split_heads(mha.w_q(x))                                    # (batch, h, n, d_k)
-    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)  # (batch, h, n, d_k)
-    return mha.w_o(out.transpose(1, 2).reshape(x.size(0), -1, mha.h * mha.d_k))
+def _merge_heads(mha, x: Tensor) -> Tensor:
+    "(batch, h, n, d_k) -> (batch, n, d_model): the heads' outputs side by side (Concat), then W^O."
+    return mha.w_o(x.transpose(1, 2).reshape(x.size(0), -1, mha.h * mha.d_k))
 
 
 class IncrementalDecoder:
     """The decoder of `model`, run one target position at a time for a batch of partial translations.
 
-    `step(tokens)` feeds the newest token of each row, (batch,), and returns the log-probabilities of the next
-    one, (batch, tgt_vocab). `select(index)` keeps (and reorders) rows, for beam search and for dropping
-    finished sentences. With `cache=True` each decoder layer keeps the keys and values its self-attention
-    computed at earlier positions, and the encoder-decoder attention projects the memory once, so a step
-    computes one new position per layer. With `cache=False` every step re-runs the decoder over the whole
-    prefix, as a straightforward implementation does; both compute the same function.
-    Works with models built by `make_model` (evaluation mode: no dropout).
+    `memory` (n_sent, n_src, d_model) and `src_mask` (n_sent, 1, n_src) hold one entry per source sentence;
+    the decoder runs `beam_size` rows for each, n_sent * beam_size rows in all, row r belonging to sentence
+    r // beam_size. `step(tokens)` feeds the newest token of each row, (rows,), and returns the
+    log-probabilities of the next one, (rows, tgt_vocab). `select(index)` keeps (and reorders) rows, for beam
+    search and for dropping finished sentences; with `beam_size > 1` it takes whole groups of `beam_size`
+    rows, each group from one sentence's rows. With `cache=True` each decoder layer keeps the keys and values
+    its self-attention computed at earlier positions, and the encoder-decoder attention projects the memory
+    once per sentence, shared by its beams, so a step computes one new position per layer. With `cache=False`
+    every step re-runs the decoder over the whole prefix, as a straightforward implementation does; both
+    compute the same function. Works with models built by `make_model` (evaluation mode: no dropout).
     """
 
-    def __init__(self, model: EncoderDecoder, memory: Tensor, src_mask: Tensor, cache: bool = True):
-        self.model, self.memory, self.src_mask, self.cache = model, memory, src_mask, cache
+    def __init__(self, model: EncoderDecoder, memory: Tensor, src_mask: Tensor, cache: bool = True,
+                 beam_size: int = 1):
+        self.model, self.memory, self.src_mask, self.cache, self.beam = model, memory, src_mask, cache, beam_size
         self.length = 0                                                # positions fed so far
-        self.prefix = memory.new_empty(memory.size(0), 0, dtype=torch.long)  # (batch, length), uncached path only
+        self.rows = memory.size(0) * beam_size
         if cache:
             layers = model.decoder.layers
-            self.keys: list[Tensor | None] = [None] * len(layers)     # per layer (batch, h, length, d_k)
+            self.keys: list[Tensor | None] = [None] * len(layers)     # per layer (rows, h, length, d_k)
             self.values: list[Tensor | None] = [None] * len(layers)
-            self.memory_kv = [(l.src_attn.split_heads(l.src_attn.w_k(memory)), l.src_attn.split_heads(l.src_attn.w_v(memory)))
-                              for l in layers]                         # per layer (batch, h, n_src, d_k), twice
+            # Projection weights stacked once (they do not change while the model decodes): W^Q, W^K, W^V of each
+            # self-attention in one matrix, W^K, W^V of each encoder-decoder attention in another.
+            self.qkv = [stacked(l.self_attn.w_q, l.self_attn.w_k, l.self_attn.w_v) for l in layers]
+            self.memory_kv = [tuple(l.src_attn.split_heads(t) for t in
+                                    F.linear(memory, *stacked(l.src_attn.w_k, l.src_attn.w_v)).chunk(2, dim=-1))
+                              for l in layers]                         # per layer (n_sent, h, n_src, d_k), twice
+        else:
+            self.prefix = memory.new_empty(self.rows, 0, dtype=torch.long)  # (rows, length)
+
+    def _self_attention(self, i: int, mha, y: Tensor) -> Tensor:
+        q, k, v = (mha.split_heads(t) for t in F.linear(y, *self.qkv[i]).chunk(3, dim=-1))  # (rows, h, 1, d_k) each
+        if self.keys[i] is not None:
+            k, v = torch.cat([self.keys[i], k], dim=2), torch.cat([self.values[i], v], dim=2)
+        self.keys[i], self.values[i] = k, v                            # (rows, h, length, d_k)
+        return _merge_heads(mha, F.scaled_dot_product_attention(q, k, v))  # the newest position sees every earlier one
+
+    def _source_attention(self, i: int, mha, y: Tensor) -> Tensor:
+        # The beams of a sentence are queries over one source: (n_sent, h, beam, d_k) against (n_sent, h, n_src, d_k).
+        q = mha.w_q(y).view(-1, self.beam, mha.h, mha.d_k).transpose(1, 2)
+        out = F.scaled_dot_product_attention(q, *self.memory_kv[i], attn_mask=self.src_mask[:, None])
+        return mha.w_o(out.transpose(1, 2).reshape(self.rows, 1, mha.h * mha.d_k))  # (rows, 1, d_model)
 
     def step(self, tokens: Tensor) -> Tensor:
         if not self.cache:
             self.prefix = torch.cat([self.prefix, tokens[:, None]], dim=1)
             self.length += 1
             mask = subsequent_mask(self.length).to(tokens.device)     # (1, length, length)
-            states = self.model.decode(self.memory, self.src_mask, self.prefix, mask)  # (batch, length, d_model)
+            memory, src_mask = (t.repeat_interleave(self.beam, dim=0) for t in (self.memory, self.src_mask))
+            states = self.model.decode(memory, src_mask, self.prefix, mask)  # (rows, length, d_model)
             return self.model.generator(states[:, -1])
         embed, positions = self.model.tgt_embed
-        x = positions(embed(tokens[:, None]), start=self.length)      # (batch, 1, d_model)
-        src_mask = self.src_mask[:, None]                              # (batch, 1, 1, n_src), for every head
+        x = positions(embed(tokens[:, None]), start=self.length)      # (rows, 1, d_model)
         for i, layer in enumerate(self.model.decoder.layers):
-            def self_attention(y, i=i, mha=layer.self_attn):
-                k, v = mha.split_heads(mha.w_k(y)), mha.split_heads(mha.w_v(y))  # (batch, h, 1, d_k)
-                if self.keys[i] is not None:
-                    k, v = torch.cat([self.keys[i], k], dim=2), torch.cat([self.values[i], v], dim=2)
-                self.keys[i], self.values[i] = k, v
-                return _attend(mha, y, k, v, None)   # the newest position may attend to every earlier one
-            x = layer.sublayer[0](x, self_attention)
-            x = layer.sublayer[1](x, lambda y, i=i, mha=layer.src_attn: _attend(mha, y, *self.memory_kv[i], src_mask))
+            x = layer.sublayer[0](x, lambda y, i=i, mha=layer.self_attn: self._self_attention(i, mha, y))
+            x = layer.sublayer[1](x, lambda y, i=i, mha=layer.src_attn: self._source_attention(i, mha, y))
             x = layer.sublayer[2](x, layer.feed_forward)
         self.length += 1
-        return self.model.generator(self.model.decoder.norm(x)[:, -1])  # (batch, tgt_vocab)
+        return self.model.generator(self.model.decoder.norm(x)[:, -1])  # (rows, tgt_vocab)
 
     def select(self, index: Tensor) -> None:
-        self.memory, self.src_mask, self.prefix = self.memory[index], self.src_mask[index], self.prefix[index]
+        groups = index.view(-1, self.beam)                             # (kept sentences, beam)
+        sentences = groups[:, 0] // self.beam
+        if self.beam > 1 and not (groups // self.beam == sentences[:, None]).all():
+            raise ValueError(f"select takes whole groups of {self.beam} rows, each from one sentence's rows")
         if self.cache:
             self.keys = [k[index] if k is not None else None for k in self.keys]
             self.values = [v[index] if v is not None else None for v in self.values]
-            self.memory_kv = [(k[index], v[index]) for k, v in self.memory_kv]
+        else:
+            self.prefix = self.prefix[index]
+        self.rows = index.numel()
+        n_sent = self.memory.size(0)
+        if len(sentences) == n_sent and torch.equal(sentences, torch.arange(n_sent, device=index.device)):
+            return                                                     # the same sentences: the memory stays
+        self.memory, self.src_mask = self.memory[sentences], self.src_mask[sentences]
+        if self.cache:
+            self.memory_kv = [(k[sentences], v[sentences]) for k, v in self.memory_kv]
 
 # %% ../book/07_results.ipynb #f0a5fd7c
 def length_penalty(length: int, alpha: float) -> float:
@@ -347,7 +374,7 @@ class Hypothesis:
     log_prob: float
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def beam_search(model: EncoderDecoder, src: Tensor, src_mask: Tensor, beam_size: int = 4, alpha: float = 0.6,
                 extra_len: int = 50, cache: bool = True, bos: int = BOS, eos: int = EOS,
                 banned: tuple[int, ...] = (PAD, BOS)) -> list[Hypothesis]:
@@ -369,10 +396,9 @@ def beam_search(model: EncoderDecoder, src: Tensor, src_mask: Tensor, beam_size:
     model.eval()
     try:
         k, n_sent = beam_size, src.size(0)
-        limits = (src_mask.sum(dim=(1, 2)) + extra_len).clamp(max=model.config.max_len - 1)  # (n_sent,) output tokens
+        limits = (src_mask.sum(dim=(1, 2)) + extra_len).clamp(max=model.config.max_len - 1).tolist()  # output tokens
         memory = model.encode(src, src_mask)                          # (n_sent, n_src, d_model)
-        rows = torch.arange(n_sent, device=src.device).repeat_interleave(k)
-        decoder = IncrementalDecoder(model, memory[rows], src_mask[rows], cache)  # k rows per sentence
+        decoder = IncrementalDecoder(model, memory, src_mask, cache, beam_size=k)  # k rows per sentence
         dtype = torch.promote_types(memory.dtype, torch.float32)      # scores in float32 at least (bf16 models)
         scores = torch.full((n_sent, k), float("-inf"), dtype=dtype, device=src.device)
         scores[:, 0] = 0.0                                             # the k beams start identical: keep one
@@ -385,9 +411,10 @@ def beam_search(model: EncoderDecoder, src: Tensor, src_mask: Tensor, beam_size:
             log_probs = decoder.step(tokens[:, -1]).to(dtype)          # (rows, vocab)
             log_probs[:, list(banned)] = float("-inf")
             vocab = log_probs.size(-1)
-            at_limit = (limits[active] <= length).repeat_interleave(k)  # (rows,): only </s> may follow
-            log_probs[at_limit] = torch.where(torch.arange(vocab, device=src.device) == eos,
-                                              log_probs[at_limit], float("-inf"))
+            at_limit = [limits[s] <= length for s in active]
+            if any(at_limit):                                          # these sentences' rows: only </s> may follow
+                rows = torch.tensor(at_limit, device=src.device).repeat_interleave(k)
+                log_probs[rows] = torch.where(torch.arange(vocab, device=src.device) == eos, log_probs[rows], float("-inf"))
             candidates = (scores.reshape(-1, 1) + log_probs).view(len(active), k * vocab)
             top_scores, top_index = candidates.topk(min(2 * k, k * vocab), dim=1)  # (n, 2k), best first
             lp = length_penalty(length, alpha)

@@ -1,0 +1,242 @@
+"""The benchmark (chapter 10) and the fast paths it times: each fast path computes what the educational one does."""
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from annotated_transformer import (MultiHeadedAttention, RECIPES, IncrementalDecoder, TransformerConfig, make_model,
+                                   subsequent_mask, train)
+from annotated_transformer.bench import (PeakMemory, bench_table, bench_training, bench_translation, device_slug,
+                                         peak_flops, run_benchmark, straightforward_batches, summarize,
+                                         training_flops, use_path, write_benchmark)
+from annotated_transformer.cli import main
+from annotated_transformer.training import BOS, EOS, PAD, Batch, LabelSmoothing, copy_task, pad_sequences
+
+TINY = TransformerConfig(N=1, d_model=32, d_ff=64, h=2)
+
+
+# The fast paths compute the same function
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_fast_and_straightforward_paths_give_the_same_loss_and_gradients(norm_first):
+    torch.manual_seed(0)
+    model = make_model(40, 40, N=2, d_model=32, d_ff=64, h=4, norm_first=norm_first).double().eval()
+    batch = Batch(pad_sequences([[5, 6, 7, EOS], [8, EOS]]), pad_sequences([[BOS, 9, 10, 11, EOS], [BOS, 12, EOS]]))
+    criterion = LabelSmoothing(40, PAD, 0.1)
+    found = []
+    for fast in (False, True):
+        use_path(model, fast)
+        assert all(m.explicit is not fast for m in model.modules() if isinstance(m, MultiHeadedAttention))
+        model.zero_grad()
+        log_probs = model.generator(model(batch.src, batch.tgt_in, batch.src_mask, batch.tgt_mask))
+        loss = criterion(log_probs.reshape(-1, 40), batch.tgt_y.reshape(-1))
+        loss.backward()
+        found.append((loss.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]))
+    torch.testing.assert_close(found[0][0], found[1][0], atol=1e-12, rtol=1e-12)
+    for a, b in zip(found[0][1], found[1][1]):
+        torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)
+
+
+def test_fused_projections_equal_the_separate_ones_for_each_kind_of_input():
+    torch.manual_seed(1)
+    mha = MultiHeadedAttention(4, 32, dropout=0.0).double()
+    x, y, z = (torch.randn(2, n, 32, dtype=torch.float64, requires_grad=True) for n in (5, 7, 7))
+    for query, key, value in ((x, x, x), (x, y, y), (x, y, z)):
+        fused = mha.project(query, key, value)
+        separate = mha.w_q(query), mha.w_k(key), mha.w_v(value)
+        for a, b in zip(fused, separate):
+            torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
+        grads = [torch.autograd.grad(sum((t * w).sum() for t, w in zip(outs, (1.0, 2.0, 3.0))), mha.w_k.weight)[0]
+                 for outs in (fused, separate)]
+        torch.testing.assert_close(grads[0], grads[1], atol=1e-12, rtol=1e-12)
+
+
+def _sharp_model(seed: int):
+    torch.manual_seed(seed)
+    model = make_model(30, 30, N=2, d_model=32, d_ff=64, h=4).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(2.5)
+    return model.double()
+
+
+@pytest.mark.parametrize("cache", [True, False])
+def test_beams_share_their_sentence_memory_and_match_a_full_pass(cache):
+    model = _sharp_model(3)
+    src = pad_sequences([[5, 6, 7, EOS], [8, 9, 10, 11, 12, 13, EOS]])
+    src_mask = (src != PAD)[:, None, :]
+    beam = 3
+    tgt = torch.randint(3, 30, (2 * beam, 6), generator=torch.Generator().manual_seed(4))
+    tgt[:, 0] = BOS
+    with torch.no_grad():
+        memory = model.encode(src, src_mask)
+        rows = torch.arange(2).repeat_interleave(beam)
+        decoder = IncrementalDecoder(model, memory, src_mask, cache=cache, beam_size=beam)
+        for t in range(3):
+            decoder.step(tgt[:, t])
+        # Reorder the beams inside each sentence, then drop the first sentence.
+        decoder.select(torch.tensor([2, 0, 1, 5, 5, 3]))
+        order = [2, 0, 1, 5, 5, 3]
+        again = model.generator(model.decode(memory[rows[order]], src_mask[rows[order]], tgt[order], subsequent_mask(6)))
+        torch.testing.assert_close(decoder.step(tgt[order, 3]), again[:, 3], atol=1e-10, rtol=1e-10)
+        decoder.select(torch.tensor([3, 4, 5]))
+        kept = [order[i] for i in (3, 4, 5)]
+        torch.testing.assert_close(decoder.step(tgt[kept, 4]), again[3:, 4], atol=1e-10, rtol=1e-10)
+        assert decoder.memory.size(0) == 1 and decoder.rows == 3
+
+
+def test_a_beam_group_must_come_from_one_sentence():
+    model = _sharp_model(5)
+    src = pad_sequences([[5, 6, EOS], [7, EOS]])
+    with torch.no_grad():
+        decoder = IncrementalDecoder(model, model.encode(src, (src != PAD)[:, None, :]), (src != PAD)[:, None, :],
+                                     beam_size=2)
+        decoder.step(torch.full((4,), BOS))
+        with pytest.raises(ValueError, match="whole groups of 2 rows"):
+            decoder.select(torch.tensor([0, 2, 1, 3]))
+
+
+# Pieces of the benchmark
+
+def test_straightforward_batches_cover_every_sentence_once_in_random_order():
+    batches = straightforward_batches(103, 10, seed=7)
+    assert [len(b) for b in batches] == [10] * 10 + [3]
+    flat = [i for b in batches for i in b]
+    assert sorted(flat) == list(range(103)) and flat != list(range(103))
+    assert batches == straightforward_batches(103, 10, seed=7) != straightforward_batches(103, 10, seed=8)
+
+
+def test_summarize_device_names_and_peaks():
+    assert summarize([3.0, 1.0, 2.0, 10.0]) == {"median": 2.5, "min": 1.0, "max": 10.0, "n": 4}
+    assert device_slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
+    assert device_slug("AMD EPYC, 2 CPU cores") == "amd-epyc-2-cpu-cores" and device_slug("???") == "unknown"
+    assert peak_flops("NVIDIA H100 80GB HBM3") == 989e12 and peak_flops("NVIDIA H100 PCIe") == 756e12
+    assert peak_flops("NVIDIA A100-SXM4-80GB") == 312e12 and peak_flops("AMD EPYC, 2 CPU cores") is None
+
+
+def test_training_flops_count_what_runs_forward_and_backward():
+    torch.manual_seed(0)
+    model = make_model(50, 60, N=2, d_model=32, d_ff=64, h=4, share_embeddings=False)
+    use_path(model, fast=False)  # the explicit path: every product is a matmul the counter sees
+    src = torch.randint(4, 50, (3, 9))
+    tgt = torch.randint(4, 60, (3, 7))
+    batch = Batch(src, tgt)  # no padding: every position is real
+    counter = FlopCounterMode(display=False)
+    with counter:
+        log_probs = model.generator(model(batch.src, batch.tgt_in, batch.src_mask, batch.tgt_mask))
+        log_probs.sum().backward()
+    expected = training_flops(model, [9] * 3, [6] * 3)
+    # 6 x weights counts biases and layer norms, which are not matrix products: within 3%.
+    assert counter.get_total_flops() == pytest.approx(expected, rel=0.03)
+
+
+def test_peak_memory_sees_an_allocation_and_is_reset():
+    if not Path("/proc/self/clear_refs").exists():
+        pytest.skip("peak resident size can be reset only on Linux")
+    with PeakMemory("cpu") as big:
+        block = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched
+        del block
+    with PeakMemory("cpu") as small:
+        pass
+    if big.bytes is None:
+        pytest.skip("this kernel does not allow resetting the peak resident size")
+    assert big.bytes - small.bytes > 48 * 2**20
+
+
+def copy_pairs(n: int):
+    return copy_task(n, vocab=13, seed=0)
+
+
+@pytest.mark.parametrize("path", ["straightforward", "fast"])
+def test_training_benchmark_reports_real_tokens_and_padding(path):
+    pairs = copy_pairs(400)
+    r = bench_training(TINY, pairs, 13, 13, path, "cpu", max_tokens=200, updates=2, warmup=1, repeats=2)
+    assert r["path"] == path and r["tokens_per_s"]["n"] == 2 and r["tokens_per_s"]["min"] > 0
+    assert r["mfu"] is None and r["bf16_autocast"] is False
+    tokens = r["real_tokens_per_update"]
+    assert 0 < tokens <= 200 and r["flops_per_token"] > 6 * 32 * 32
+    if path == "fast":
+        assert r["padding_fraction"]["target"] < 0.1
+    else:
+        assert r["padding_fraction"]["target"] > 0.2
+
+
+def test_training_benchmark_refuses_unknown_paths_and_too_few_batches():
+    with pytest.raises(ValueError, match="path must be"):
+        bench_training(TINY, copy_pairs(50), 13, 13, "turbo", "cpu", max_tokens=200)
+    with pytest.raises(ValueError, match="fewer than the 11 updates"):
+        bench_training(TINY, copy_pairs(50), 13, 13, "fast", "cpu", max_tokens=200, updates=10, warmup=1)
+
+
+def test_translation_benchmark_compares_identical_outputs():
+    model = _sharp_model(6).float()
+    sources = [torch.randint(4, 30, (n,), generator=torch.Generator().manual_seed(n)).tolist() + [EOS]
+               for n in (3, 9, 5, 12, 7)]
+    cases = bench_translation(model, sources, "cpu", batch_sizes=(1, 4), beam_sizes=(1, 2), repeats=1,
+                              sentences={1: 2})
+    assert [(c["batch_size"], c["beam_size"], c["cache"]) for c in cases] == [
+        (b, k, cache) for b in (1, 4) for k in (1, 2) for cache in (True, False)]
+    for cached, uncached in zip(cases[::2], cases[1::2]):
+        assert cached["same_as_other_path"] == uncached["same_as_other_path"] == 1.0
+        assert cached["output_tokens"] == uncached["output_tokens"] and cached["sentences"] == (2 if cached["batch_size"] == 1 else 5)
+        assert cached["flops"] < uncached["flops"]
+
+
+@pytest.fixture(scope="module")
+def tiny_translator(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("runs") / "multi30k-tiny"
+    recipe = RECIPES["multi30k-cpu"].replace(N=1, d_model=32, d_ff=64, max_len=64, steps=20, max_tokens=1500,
+                                             warmup=10, eval_every=20, checkpoint_every=20, keep_checkpoints=1,
+                                             average_checkpoints=1)
+    train(recipe, run_dir, progress=False)
+    return run_dir
+
+
+def test_the_whole_benchmark_writes_results_and_a_table(tiny_translator, tmp_path):
+    checkpoint = sorted((tiny_translator / "checkpoints").glob("*.pt"))
+    lines = []
+    result = run_benchmark(device="cpu", checkpoint=checkpoint, repeats=1, updates=1, sentences={1: 2, 64: 6},
+                           models={"tiny": (TINY, 300)}, progress=lines.append)
+    assert lines[:2] == ["training tiny: straightforward", "training tiny: fast"]
+    assert [r["path"] for r in result["training"]] == ["straightforward", "fast"]
+    assert result["training"][0]["speedup"] == 1.0 and "compile" in result
+    assert len(result["translation"]) == 8 and all(r["same_as_other_path"] == 1.0 for r in result["translation"])
+    for r in result["translation"]:
+        other = next(o for o in result["translation"] if (o["batch_size"], o["beam_size"], o["cache"]) ==
+                     (r["batch_size"], r["beam_size"], False))
+        assert r["speedup"] == pytest.approx(r["tokens_per_s"]["median"] / other["tokens_per_s"]["median"])
+    json_path, table_path = write_benchmark(result, tmp_path / "results")
+    assert json_path.name == f"bench-{device_slug(result['device_name'])}.json"
+    assert json.loads(json_path.read_text())["translation"] == result["translation"]
+    table = table_path.read_text()
+    assert result["device_name"] in table and table.count("\n| ") == 2 + 8 + 2  # rows and header rows
+    assert not list((tmp_path / "results").glob(".*"))  # no temporary files left
+
+
+def test_a_table_without_translation_says_why():
+    result = {"device": "cpu", "device_name": "Some CPU", "threads": 2, "torch_version": "x", "date": "d",
+              "settings": {"repeats": 3}, "training": [], "translation": "not measured: no trained checkpoint was given"}
+    assert bench_table(result).endswith("Translation: not measured: no trained checkpoint was given.")
+
+
+def test_bench_command_needs_a_translator_or_no_translation(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["bench"]) == 2
+    err = capsys.readouterr().err
+    assert "train multi30k-cpu" in err and "--no-translation" in err and err.count("\n") == 1
+
+
+def test_bench_command_writes_the_results(tiny_translator, tmp_path, monkeypatch, capsys):
+    import annotated_transformer.cli as cli
+
+    def quick(**kwargs):  # the command's own arguments, with a tiny model and few sentences
+        return run_benchmark(**kwargs, updates=1, sentences={1: 1, 64: 3}, models={"tiny": (TINY, 300)})
+
+    monkeypatch.setattr(cli, "run_benchmark", quick)
+    assert main(["bench", "--checkpoint", str(tiny_translator), "--repeats", "1", "--device", "cpu",
+                 "--out", str(tmp_path / "out")]) == 0
+    out, err = capsys.readouterr()
+    assert "training tiny: fast" in err and "| 64 | beam 4 | yes |" in out
+    assert len(list((tmp_path / "out").glob("bench-*.json"))) == 1 and len(list((tmp_path / "out").glob("bench-*.md"))) == 1

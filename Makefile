@@ -60,7 +60,7 @@ book-stored: vendor
 test: check-export book-stored
 	$(PY) -m pytest tests book --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout 1800
 
-# Throughput of the straightforward and the fast paths on this machine (about 5 minutes on a 2-core CPU).
+# Throughput of the straightforward and the fast paths on this machine (under 7 minutes on a 2-core CPU).
 # The translation part needs a trained translator: runs/multi30k-cpu (`annotated-transformer train multi30k-cpu`).
 bench: $(STAMP)
 	$(BIN)/annotated-transformer bench --out results

@@ -11,6 +11,7 @@ __all__ = ['PEAK_BF16_FLOPS', 'use_path', 'straightforward_batches', 'summarize'
 import ctypes
 import dataclasses
 import gc
+import os
 import random
 import re
 import statistics
@@ -18,7 +19,7 @@ import time
 from pathlib import Path
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.flop_counter import FlopCounterMode, flop_registry, register_flop_formula, sdpa_flop_count
 
 from .model import EncoderDecoder, TransformerConfig, make_model
 from .multi_head import MultiHeadedAttention
@@ -100,37 +101,51 @@ def _sync(device: torch.device) -> None:
     "Wait for the device to finish queued work, so that a clock reading means something."
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
 
 # %% ../book/10_speed.ipynb #7b46ea66
 # Dense bf16 peak of the tensor cores, FLOP/s, from NVIDIA's data sheets (without sparsity). Name fragments are
-# tried in order, so the PCIe H100 is matched before the SXM one.
-PEAK_BF16_FLOPS = {"H100 PCIe": 756e12, "H100": 989e12, "H200": 989e12, "GH200": 989e12, "A100": 312e12,
-                   "L40S": 362e12, "L4": 121e12}
+# tried in order, so the PCIe and NVL H100s are matched before the SXM one, and the L40 cards before the L4.
+PEAK_BF16_FLOPS = {"H100 PCIe": 756e12, "H100 NVL": 835e12, "H100": 989e12, "H200": 989e12, "A100": 312e12,
+                   "L40S": 362e12, "L40": 181e12, "L4": 121e12}
 
 
 def peak_flops(device_name: str) -> float | None:
-    "The dense bf16 peak FLOP/s of a GPU known by its name (for MFU), e.g. 'NVIDIA H100 80GB HBM3'; else None."
+    """The dense bf16 peak FLOP/s of a GPU known by its name, e.g. 'NVIDIA H100 80GB HBM3'; else None.
+
+    MFU is reported against this peak for every path, the float32 one included: it says how much of the
+    device's best arithmetic rate the path turns into useful work."""
     return next((peak for fragment, peak in PEAK_BF16_FLOPS.items() if fragment in device_name), None)
 
 
 def training_flops(model: EncoderDecoder, src_lengths, tgt_lengths) -> float:
     """Model FLOPs of one training update (forward and backward) on sentences of the given real lengths.
 
-    The usual count (Kaplan et al., 2020; PaLM's MFU): 6 FLOPs per weight used per token (2 forward, 4
-    backward), with the encoder's weights used once per source token and the decoder's and the output layer's
-    once per target token, plus the attention's QKᵀ and weighted sum, 12 · d_model · n_q · n_k per layer.
-    Padding is not counted: it is work, but not useful work. Embedding lookups cost no multiplications.
+    The usual count (Kaplan et al., 2020; PaLM's MFU): 6 FLOPs per entry of a weight matrix per token it
+    multiplies (2 forward, 4 backward), plus the attention's QKᵀ and weighted sum, 12 · d_model · n_q · n_k per
+    attention layer. The encoder's matrices, and the W^K, W^V of the decoder's encoder-decoder attention,
+    multiply source tokens; the rest of the decoder and the output layer multiply target tokens. Padding is not
+    counted: it is work, but not useful work. Biases, layer norms and embedding lookups are not matrix
+    products and are left out.
     """
     c = model.config
-    enc = sum(p.numel() for p in model.encoder.parameters())
-    dec = sum(p.numel() for p in model.decoder.parameters()) + model.generator.proj.weight.numel()
+
+    def matrices(*modules) -> int:
+        return sum(p.numel() for m in modules for p in m.parameters() if p.dim() == 2)
+
+    src_attn = [layer.src_attn for layer in model.decoder.layers]
+    per_src = matrices(model.encoder, *(a.w_k for a in src_attn), *(a.w_v for a in src_attn))
+    per_tgt = matrices(model.decoder, model.generator) - matrices(*(a.w_k for a in src_attn), *(a.w_v for a in src_attn))
     s, t = torch.as_tensor(src_lengths, dtype=torch.float64), torch.as_tensor(tgt_lengths, dtype=torch.float64)
     attention = 12 * c.d_model * c.N * float((s * s + t * t + t * s).sum())
-    return 6 * (enc * float(s.sum()) + dec * float(t.sum())) + attention
+    return 6 * (per_src * float(s.sum()) + per_tgt * float(t.sum())) + attention
 
 # %% ../book/10_speed.ipynb #c554d068
 def _fused_adam_ok(device: torch.device) -> bool:
-    "Whether this PyTorch has a fused Adam for `device`."
+    "Whether this PyTorch has a fused Adam for `device` (used on GPUs; on the CPU it made no measurable difference)."
+    if device.type != "cuda":
+        return False
     try:
         torch.optim.Adam([torch.zeros(1, device=device, requires_grad=True)], fused=True)
     except (RuntimeError, ValueError):
@@ -146,8 +161,10 @@ def bench_training(config: TransformerConfig, pairs, src_vocab: int, tgt_vocab: 
     random order padded to each batch's longest), "fast" (fused projections and PyTorch's attention kernel,
     bf16 autocast on CUDA, fused Adam where there is one, length-bucketed token-budget batches) or "compiled"
     (fast, with `torch.compile`). Both batchings hold the same number of sentences per batch on average, about
-    `max_tokens` real tokens. Each repetition times the same `updates` updates (forward, label-smoothed loss,
-    backward, Adam) after `warmup` untimed ones (and, when compiled, an untimed pass over the timed batches).
+    `max_tokens` real tokens. The timed batches are spread evenly over the epoch's batches ordered by their
+    mean sentence length, so that short and long sentences are both represented. Each repetition times the
+    same `updates` updates (forward, label-smoothed loss, backward, Adam) after `warmup` untimed ones (and, when
+    compiled, an untimed pass over the timed batches). Padding is reported for the epoch and for the timed batches.
     """
     if path not in ("straightforward", "fast", "compiled"):
         raise ValueError(f"path must be 'straightforward', 'fast' or 'compiled', got {path!r}")
@@ -158,7 +175,10 @@ def bench_training(config: TransformerConfig, pairs, src_vocab: int, tgt_vocab: 
     if len(batches) < warmup + updates:
         raise ValueError(f"{len(pairs)} sentence pairs make {len(batches)} batches, fewer than the {warmup + updates} "
                          "updates asked for")
-    chosen = [batches_of(pairs, b).to(device) for b in batches[:warmup + updates]]
+    by_length = sorted(batches, key=lambda b: sum(tgt_lengths[i] for i in b) / len(b))
+    picked = [by_length[i * len(by_length) // updates + len(by_length) // (2 * updates)] for i in range(updates)]
+    warm = [b for b in batches if b not in picked][:warmup]
+    chosen = [batches_of(pairs, b).to(device) for b in warm + picked]
     with PeakMemory(device) as memory:
         torch.manual_seed(seed)
         model = make_model(src_vocab, tgt_vocab, config).to(device).train()
@@ -198,13 +218,23 @@ def bench_training(config: TransformerConfig, pairs, src_vocab: int, tgt_vocab: 
               "real_tokens_per_update": tokens / len(timed),
               "sentences_per_update": sum(b.src.size(0) for b in timed) / len(timed),
               "padding_fraction": {"source": padding_fraction(batches, src_lengths),
-                                   "target": padding_fraction(batches, tgt_lengths)},
+                                   "target": padding_fraction(batches, tgt_lengths),
+                                   "timed_target": padding_fraction(picked, tgt_lengths)},
               "flops_per_token": flops / tokens, "achieved_flops": flops / tokens * statistics.median(rates),
               "mfu": flops / tokens * statistics.median(rates) / peak if peak else None,
               "peak_memory_bytes": memory.bytes, "bf16_autocast": autocast, "fused_adam": fused}
     return result
 
 # %% ../book/10_speed.ipynb #9fa472ee
+# FlopCounterMode knows the GPU attention kernels but not the CPU one that decoding uses (no dropout): teach it the
+# same formula, 4 · batch · heads · n_q · n_k · d_k, so that counts on a CPU include attention.
+_CPU_ATTENTION = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+if _CPU_ATTENTION not in flop_registry:
+    @register_flop_formula(_CPU_ATTENTION)
+    def _cpu_attention_flops(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+        return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
 @torch.inference_mode()
 def decode_all(model: EncoderDecoder, sources, batch_size: int, beam_size: int, cache: bool) -> list[list[int]]:
     """Decode token-id sources (each ending in </s>) as `Translator` does: sorted by length, `batch_size` at a
@@ -294,30 +324,40 @@ def run_benchmark(device=None, checkpoint=None, repeats: int = 3, updates: int |
     compile = on_gpu if compile is None else compile
     updates = updates or (10 if on_gpu else 2)
     warmup = 3 if on_gpu else 1
-    result = {"device": str(device), "device_name": _device_name(str(device)), "threads": torch.get_num_threads(),
+    # A bad checkpoint should fail now, not after minutes of training measurements.
+    translator = Translator.from_checkpoint(*checkpoint, device=device) if checkpoint is not None else None
+    name = _device_name(str(device))
+    if device.type not in ("cpu", "cuda"):
+        name = f"{device.type.upper()} ({name})"  # e.g. Apple's GPU: its own results file, not the CPU's
+    result = {"device": str(device), "device_name": name, "threads": torch.get_num_threads(),
               "torch_version": torch.__version__, "commit": _commit(), "date": time.strftime("%Y-%m-%d"),
               "settings": {"repeats": repeats, "updates_per_repeat": updates, "warmup_updates": warmup,
                            "data": "multi30k de-en train (training), test2016 (translation)"}}
     if not compile:
-        result["compile"] = ("not measured: on this CPU torch.compile took minutes to compile the training step and "
-                             "was slower afterwards (see the chapter); pass compile=True to measure it") if not on_gpu \
+        result["compile"] = ("not measured: off by default on CPUs, where compiling takes minutes (see the book's "
+                             "chapter on speed); pass compile=True (--compile) to measure it") if not on_gpu \
             else "not measured (compile=False)"
     task = load_task(recipe)
     training = []
-    for name, (config, max_tokens) in models.items():
+    for model_name, (config, max_tokens) in models.items():
         straightforward = None
         for path in ["straightforward", "fast"] + (["compiled"] if compile else []):
-            progress(f"training {name}: {path}")
-            r = bench_training(config, task.train, task.src_vocab, task.tgt_vocab, path, device, max_tokens=max_tokens,
-                               updates=updates, warmup=warmup, repeats=repeats)
+            progress(f"training {model_name}: {path}")
+            entry = {"model": model_name, "config": dataclasses.asdict(config), "max_tokens": max_tokens}
+            try:
+                r = bench_training(config, task.train, task.src_vocab, task.tgt_vocab, path, device,
+                                   max_tokens=max_tokens, updates=updates, warmup=warmup, repeats=repeats)
+            except Exception as err:  # noqa: BLE001 - e.g. torch.compile without a compiler: record it, go on
+                if path != "compiled":
+                    raise
+                training.append({**entry, "path": path, "error": f"{type(err).__name__}: {str(err).splitlines()[0]}"})
+                continue
             straightforward = straightforward or r["tokens_per_s"]["median"]
-            training.append({"model": name, "config": dataclasses.asdict(config), "max_tokens": max_tokens, **r,
-                             "speedup": r["tokens_per_s"]["median"] / straightforward})
+            training.append({**entry, **r, "speedup": r["tokens_per_s"]["median"] / straightforward})
     result["training"] = training
-    if checkpoint is None:
+    if translator is None:
         result["translation"] = "not measured: no trained checkpoint was given"
         return result
-    translator = Translator.from_checkpoint(*checkpoint, device=device)
     test = [s for s, _ in load_multi30k("test", translator.direction)]
     ids = [translator.src_vocab.encode(t)[:translator.model.config.max_len - 2] + [EOS]
            for t in translator.src_tokenizer(test)]
@@ -350,13 +390,16 @@ def _bytes(n: int | None) -> str:
 
 
 def bench_table(result: dict) -> str:
-    "The benchmark `result` as Markdown tables: medians with (min–max), ratios between paths of the same run."
+    "`run_benchmark`'s result as Markdown tables: medians with (min–max), ratios between paths of the same run."
     lines = [f"Measured on **{result['device_name']}** ({result['device']}, {result['threads']} threads), "
              f"PyTorch {result['torch_version']}, {result['date']}; median (min–max) of "
              f"{result['settings']['repeats']} repetitions.", "",
              "| model | path | real target tokens/s | × straightforward | padding (target) | real target tokens / update "
-             "| peak memory | MFU |", "|---|---|---|---|---|---|---|---|"]
+             "| peak memory | MFU (of bf16 peak) |", "|---|---|---|---|---|---|---|---|"]
     for r in result["training"]:
+        if "error" in r:
+            lines.append(f"| {r['model']} | {r['path']} | failed: {r['error']} | | | | | |")
+            continue
         mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "–"
         lines.append(f"| {r['model']} | {r['path']} | {_rate(r['tokens_per_s'])} | {r['speedup']:.2f}× | "
                      f"{100 * r['padding_fraction']['target']:.0f}% | {r['real_tokens_per_update']:,.0f} | "
@@ -378,12 +421,16 @@ def bench_table(result: dict) -> str:
 
 def write_benchmark(result: dict, out_dir="results") -> tuple[Path, Path]:
     "Write `result` as out_dir/bench-<device>.json and the tables as bench-<device>.md; returns both paths."
+    text = bench_table(result) + "\n"  # first: a result the table cannot show is refused before anything is written
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = out_dir / f"bench-{device_slug(result['device_name'])}"
     write_json(stem.with_suffix(".json"), result)
     table = stem.with_suffix(".md")
-    tmp = table.with_name(f".{table.name}.tmp")
-    tmp.write_text(bench_table(result) + "\n")
-    tmp.replace(table)
+    tmp = table.with_name(f".{table.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text)
+        tmp.replace(table)
+    finally:
+        tmp.unlink(missing_ok=True)
     return stem.with_suffix(".json"), table

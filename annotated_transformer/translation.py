@@ -295,6 +295,8 @@ class IncrementalDecoder:
 
     def __init__(self, model: EncoderDecoder, memory: Tensor, src_mask: Tensor, cache: bool = True,
                  beam_size: int = 1):
+        if not isinstance(beam_size, int) or beam_size < 1:
+            raise ValueError(f"beam_size must be a positive integer, got {beam_size!r}")
         self.model, self.memory, self.src_mask, self.cache, self.beam = model, memory, src_mask, cache, beam_size
         self.length = 0                                                # positions fed so far
         self.rows = memory.size(0) * beam_size
@@ -342,7 +344,9 @@ class IncrementalDecoder:
         return self.model.generator(self.model.decoder.norm(x)[:, -1])  # (rows, tgt_vocab)
 
     def select(self, index: Tensor) -> None:
-        groups = index.view(-1, self.beam)                             # (kept sentences, beam)
+        if index.numel() % self.beam:
+            raise ValueError(f"select takes whole groups of {self.beam} rows, got {index.numel()} rows")
+        groups = index.reshape(-1, self.beam)                          # (kept sentences, beam)
         sentences = groups[:, 0] // self.beam
         if self.beam > 1 and not (groups // self.beam == sentences[:, None]).all():
             raise ValueError(f"select takes whole groups of {self.beam} rows, each from one sentence's rows")

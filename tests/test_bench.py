@@ -53,6 +53,26 @@ def test_fused_projections_equal_the_separate_ones_for_each_kind_of_input():
         torch.testing.assert_close(grads[0], grads[1], atol=1e-12, rtol=1e-12)
 
 
+def test_fused_projections_are_one_matrix_product(monkeypatch):
+    mha = MultiHeadedAttention(4, 32, dropout=0.0)
+    x, y = torch.randn(2, 5, 32), torch.randn(2, 7, 32)
+    calls = []
+    linear = torch.nn.functional.linear
+    monkeypatch.setattr(torch.nn.functional, "linear", lambda *a, **k: calls.append(a[1].shape) or linear(*a, **k))
+    mha.project(x, x, x)
+    assert calls == [(96, 32)]                      # Q, K, V: one product with the stacked weights
+    calls.clear()
+    mha.project(x, y, y)
+    assert calls == [(32, 32), (64, 32)]            # Q alone, then K and V together
+    calls.clear()
+    mha(x, x, x)
+    assert calls == [(96, 32), (32, 32)]            # the fast path uses it (then W^O)
+    calls.clear()
+    mha.explicit = True
+    mha(x, x, x)
+    assert calls == [(32, 32)] * 4                  # the explicit path: four separate products
+
+
 def _sharp_model(seed: int):
     torch.manual_seed(seed)
     model = make_model(30, 30, N=2, d_model=32, d_ff=64, h=4).eval()
@@ -85,6 +105,28 @@ def test_beams_share_their_sentence_memory_and_match_a_full_pass(cache):
         kept = [order[i] for i in (3, 4, 5)]
         torch.testing.assert_close(decoder.step(tgt[kept, 4]), again[3:, 4], atol=1e-10, rtol=1e-10)
         assert decoder.memory.size(0) == 1 and decoder.rows == 3
+
+
+@pytest.mark.parametrize("cache", [True, False])
+def test_selecting_sentences_in_another_order_moves_their_memory(cache):
+    model = _sharp_model(7)
+    src = pad_sequences([[5, 6, 7, EOS], [8, 9, 10, 11, 12, 13, EOS], [14, EOS]])
+    src_mask = (src != PAD)[:, None, :]
+    tgt = torch.randint(3, 30, (6, 4), generator=torch.Generator().manual_seed(8))
+    order = [5, 4, 0, 1]                             # sentence 2's beams, then sentence 0's; sentence 1 leaves
+    with torch.no_grad():
+        memory = model.encode(src, src_mask)
+        rows = torch.arange(3).repeat_interleave(2)
+        full = model.generator(model.decode(memory[rows[order]], src_mask[rows[order]], tgt[order], subsequent_mask(4)))
+        decoder = IncrementalDecoder(model, memory, src_mask, cache=cache, beam_size=2)
+        for t in range(2):
+            decoder.step(tgt[:, t])
+        decoder.select(torch.tensor(order))
+        torch.testing.assert_close(decoder.step(tgt[order, 2]), full[:, 2], atol=1e-10, rtol=1e-10)
+        with pytest.raises(ValueError, match="whole groups of 2 rows, got 3"):
+            decoder.select(torch.tensor([0, 1, 2]))
+    with pytest.raises(ValueError, match="beam_size must be a positive integer"):
+        IncrementalDecoder(model, memory, src_mask, beam_size=0)
 
 
 def test_a_beam_group_must_come_from_one_sentence():
@@ -120,16 +162,21 @@ def test_training_flops_count_what_runs_forward_and_backward():
     torch.manual_seed(0)
     model = make_model(50, 60, N=2, d_model=32, d_ff=64, h=4, share_embeddings=False)
     use_path(model, fast=False)  # the explicit path: every product is a matmul the counter sees
-    src = torch.randint(4, 50, (3, 9))
-    tgt = torch.randint(4, 60, (3, 7))
-    batch = Batch(src, tgt)  # no padding: every position is real
-    counter = FlopCounterMode(display=False)
-    with counter:
-        log_probs = model.generator(model(batch.src, batch.tgt_in, batch.src_mask, batch.tgt_mask))
-        log_probs.sum().backward()
-    expected = training_flops(model, [9] * 3, [6] * 3)
-    # 6 x weights counts biases and layer norms, which are not matrix products: within 3%.
-    assert counter.get_total_flops() == pytest.approx(expected, rel=0.03)
+    for src_len, tgt_len in ((9, 7), (3, 15), (20, 2)):
+        batch = Batch(torch.randint(4, 50, (3, src_len)), torch.randint(4, 60, (3, tgt_len)))  # no padding
+        counter = FlopCounterMode(display=False)
+        with counter:
+            log_probs = model.generator(model(batch.src, batch.tgt_in, batch.src_mask, batch.tgt_mask))
+            log_probs.sum().backward()
+        assert counter.get_total_flops() == pytest.approx(training_flops(model, [src_len] * 3, [tgt_len - 1] * 3),
+                                                          rel=1e-9)
+
+
+def test_flops_of_the_cpu_attention_kernel_are_counted():
+    q, k = torch.randn(2, 4, 5, 8), torch.randn(2, 4, 7, 8)
+    with torch.inference_mode(), FlopCounterMode(display=False) as counter:
+        torch.nn.functional.scaled_dot_product_attention(q, k, k)
+    assert counter.get_total_flops() == 4 * 2 * 4 * 5 * 7 * 8
 
 
 def test_peak_memory_sees_an_allocation_and_is_reset():
@@ -158,9 +205,9 @@ def test_training_benchmark_reports_real_tokens_and_padding(path):
     tokens = r["real_tokens_per_update"]
     assert 0 < tokens <= 200 and r["flops_per_token"] > 6 * 32 * 32
     if path == "fast":
-        assert r["padding_fraction"]["target"] < 0.1
+        assert r["padding_fraction"]["target"] < 0.1 and r["padding_fraction"]["timed_target"] < 0.1
     else:
-        assert r["padding_fraction"]["target"] > 0.2
+        assert r["padding_fraction"]["target"] > 0.2 and r["padding_fraction"]["timed_target"] > 0.05
 
 
 def test_training_benchmark_refuses_unknown_paths_and_too_few_batches():
@@ -215,6 +262,18 @@ def test_the_whole_benchmark_writes_results_and_a_table(tiny_translator, tmp_pat
     assert not list((tmp_path / "results").glob(".*"))  # no temporary files left
 
 
+def test_a_compiler_failure_is_recorded_and_the_rest_measured(monkeypatch):
+    def broken(model):
+        raise RuntimeError("no C compiler found\nmore details")
+
+    monkeypatch.setattr(torch, "compile", broken)
+    result = run_benchmark(device="cpu", repeats=1, updates=1, compile=True, models={"tiny": (TINY, 300)},
+                           progress=lambda line: None)
+    assert [r["path"] for r in result["training"]] == ["straightforward", "fast", "compiled"]
+    assert result["training"][2]["error"] == "RuntimeError: no C compiler found" and "compile" not in result
+    assert "| tiny | compiled | failed: RuntimeError: no C compiler found |" in bench_table(result)
+
+
 def test_a_table_without_translation_says_why():
     result = {"device": "cpu", "device_name": "Some CPU", "threads": 2, "torch_version": "x", "date": "d",
               "settings": {"repeats": 3}, "training": [], "translation": "not measured: no trained checkpoint was given"}
@@ -226,6 +285,23 @@ def test_bench_command_needs_a_translator_or_no_translation(tmp_path, monkeypatc
     assert main(["bench"]) == 2
     err = capsys.readouterr().err
     assert "train multi30k-cpu" in err and "--no-translation" in err and err.count("\n") == 1
+
+
+def test_bench_command_without_translation(tmp_path, monkeypatch, capsys):
+    import annotated_transformer.cli as cli
+
+    seen = {}
+
+    def quick(**kwargs):
+        seen.update(kwargs)
+        return run_benchmark(**kwargs, updates=1, models={"tiny": (TINY, 300)})
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(cli, "run_benchmark", quick)
+    assert main(["bench", "--no-translation", "--repeats", "1", "--device", "cpu"]) == 0
+    assert seen["checkpoint"] is None and seen["compile"] is None
+    assert "Translation: not measured" in capsys.readouterr().out
+    assert len(list((tmp_path / "results").glob("bench-*.json"))) == 1
 
 
 def test_bench_command_writes_the_results(tiny_translator, tmp_path, monkeypatch, capsys):

@@ -158,8 +158,8 @@ def bench_training(config: TransformerConfig, pairs, src_vocab: int, tgt_vocab: 
     """Training throughput of one configuration: real (non-padding) target tokens per second, median of `repeats`.
 
     `path` is "straightforward" (the book's explicit attention with separate projections, float32, sentences in
-    random order padded to each batch's longest), "fast" (fused projections and PyTorch's attention kernel,
-    bf16 autocast on CUDA, fused Adam where there is one, length-bucketed token-budget batches) or "compiled"
+    random order padded to each batch's longest), "fast" (fused projections and PyTorch's attention function,
+    length-bucketed token-budget batches, and on CUDA bf16 autocast and a fused Adam) or "compiled"
     (fast, with `torch.compile`). Both batchings hold the same number of sentences per batch on average, about
     `max_tokens` real tokens. The timed batches are spread evenly over the epoch's batches ordered by their
     mean sentence length, so that short and long sentences are both represented. Each repetition times the
@@ -350,7 +350,7 @@ def run_benchmark(device=None, checkpoint=None, repeats: int = 3, updates: int |
             except Exception as err:  # noqa: BLE001 - e.g. torch.compile without a compiler: record it, go on
                 if path != "compiled":
                     raise
-                training.append({**entry, "path": path, "error": f"{type(err).__name__}: {str(err).splitlines()[0]}"})
+                training.append({**entry, "path": path, "error": f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"})
                 continue
             straightforward = straightforward or r["tokens_per_s"]["median"]
             training.append({**entry, **r, "speedup": r["tokens_per_s"]["median"] / straightforward})

@@ -331,7 +331,9 @@ class IncrementalDecoder:
             self.prefix = torch.cat([self.prefix, tokens[:, None]], dim=1)
             self.length += 1
             mask = subsequent_mask(self.length).to(tokens.device)     # (1, length, length)
-            memory, src_mask = (t.repeat_interleave(self.beam, dim=0) for t in (self.memory, self.src_mask))
+            memory, src_mask = self.memory, self.src_mask
+            if self.beam > 1:                                          # one copy of its sentence's memory per row
+                memory, src_mask = memory.repeat_interleave(self.beam, dim=0), src_mask.repeat_interleave(self.beam, dim=0)
             states = self.model.decode(memory, src_mask, self.prefix, mask)  # (rows, length, d_model)
             return self.model.generator(states[:, -1])
         embed, positions = self.model.tgt_embed

@@ -350,9 +350,10 @@ class Recipe:
 
 # The training recipes, by name (`annotated-transformer train NAME`).
 RECIPES = {
-    # Copying needs no regularisation from dropout; label smoothing stays at the paper's 0.1.
+    # Copying needs no regularisation from dropout; label smoothing stays at the paper's 0.1. 1,200 updates: at 1,000,
+    # a change of float rounding alone (fused projections) moved held-out exact copies between 98.8% and 100%.
     "copy": Recipe(name="copy", task="copy", model=TransformerConfig(N=2, d_model=64, d_ff=128, h=4, dropout=0.0),
-                   max_tokens=640, steps=1000, warmup=200, factor=0.5, eval_every=200, checkpoint_every=200),
+                   max_tokens=640, steps=1200, warmup=200, factor=0.5, eval_every=200, checkpoint_every=200),
 }
 
 # %% ../book/06_training.ipynb #3129e328

@@ -161,8 +161,8 @@ def bench_training(config: TransformerConfig, pairs, src_vocab: int, tgt_vocab: 
     random order padded to each batch's longest), "fast" (fused projections and PyTorch's attention function,
     length-bucketed token-budget batches, and on CUDA bf16 autocast and a fused Adam) or "compiled"
     (fast, with `torch.compile`). Both batchings hold the same number of sentences per batch on average, about
-    `max_tokens` real tokens. The timed batches are spread evenly over the epoch's batches ordered by their
-    mean sentence length, so that short and long sentences are both represented. Each repetition times the
+    `max_tokens` real tokens. The timed batches are typical ones: those whose real target tokens are nearest
+    the median over the epoch's batches (the warm-up uses the next nearest). Each repetition times the
     same `updates` updates (forward, label-smoothed loss, backward, Adam) after `warmup` untimed ones (and, when
     compiled, an untimed pass over the timed batches). Padding is reported for the epoch and for the timed batches.
     """
@@ -175,9 +175,11 @@ def bench_training(config: TransformerConfig, pairs, src_vocab: int, tgt_vocab: 
     if len(batches) < warmup + updates:
         raise ValueError(f"{len(pairs)} sentence pairs make {len(batches)} batches, fewer than the {warmup + updates} "
                          "updates asked for")
-    by_length = sorted(batches, key=lambda b: sum(tgt_lengths[i] for i in b) / len(b))
-    picked = [by_length[i * len(by_length) // updates + len(by_length) // (2 * updates)] for i in range(updates)]
-    warm = [b for b in batches if b not in picked][:warmup]
+    real = [sum(tgt_lengths[i] for i in b) for b in batches]
+    typical = statistics.median(real)
+    order = sorted(range(len(batches)), key=lambda i: (abs(real[i] - typical), i))
+    picked = [batches[i] for i in order[:updates]]
+    warm = [batches[i] for i in order[updates:updates + warmup]]
     chosen = [batches_of(pairs, b).to(device) for b in warm + picked]
     with PeakMemory(device) as memory:
         torch.manual_seed(seed)

@@ -22,8 +22,8 @@ _recording = 0
 def record_attention():
     """Inside this scope every `MultiHeadedAttention` runs the explicit path and keeps its weights in `.attn`.
 
-    Outside it, the heads run in PyTorch's fused kernel and no weights are kept, so training and decoding
-    never pay for materialising them.
+    Outside it, the heads run in `torch.nn.functional.scaled_dot_product_attention` (a fused kernel where PyTorch
+    has one for the device and settings) and no weights are kept for inspection.
     """
     global _recording
     _recording += 1

@@ -107,13 +107,13 @@ def test_beams_share_their_sentence_memory_and_match_a_full_pass(cache):
         assert decoder.memory.size(0) == 1 and decoder.rows == 3
 
 
+@pytest.mark.parametrize("order", [[5, 4, 0, 1], [2, 3, 4, 5, 0, 1]])  # one sentence leaves; all three move
 @pytest.mark.parametrize("cache", [True, False])
-def test_selecting_sentences_in_another_order_moves_their_memory(cache):
+def test_selecting_sentences_in_another_order_moves_their_memory(cache, order):
     model = _sharp_model(7)
     src = pad_sequences([[5, 6, 7, EOS], [8, 9, 10, 11, 12, 13, EOS], [14, EOS]])
     src_mask = (src != PAD)[:, None, :]
     tgt = torch.randint(3, 30, (6, 4), generator=torch.Generator().manual_seed(8))
-    order = [5, 4, 0, 1]                             # sentence 2's beams, then sentence 0's; sentence 1 leaves
     with torch.no_grad():
         memory = model.encode(src, src_mask)
         rows = torch.arange(3).repeat_interleave(2)

@@ -4,8 +4,7 @@
 
 # %% auto #0
 __all__ = ['PEAK_BF16_FLOPS', 'use_path', 'straightforward_batches', 'summarize', 'PeakMemory', 'peak_flops', 'training_flops',
-           'bench_training', 'decode_all', 'bench_translation', 'device_slug', 'run_benchmark', 'bench_table',
-           'write_benchmark']
+           'bench_training', 'bench_translation', 'device_slug', 'run_benchmark', 'bench_table', 'write_benchmark']
 
 # %% ../book/10_speed.ipynb #0a0a39ee
 import ctypes
@@ -23,10 +22,9 @@ from torch.utils.flop_counter import FlopCounterMode, flop_registry, register_fl
 
 from .model import EncoderDecoder, TransformerConfig, make_model
 from .multi_head import MultiHeadedAttention
-from .training import (EOS, PAD, RECIPES, LabelSmoothing, accumulate_gradients, batches_of,
-                                            default_device, load_task, pad_sequences, padding_fraction,
-                                            token_batches, write_json)
-from .translation import Translator, _commit, _device_name, beam_search, load_multi30k
+from .training import (PAD, RECIPES, LabelSmoothing, accumulate_gradients, batches_of,
+                                            default_device, load_task, padding_fraction, token_batches, write_json)
+from .translation import Translator, _commit, _device_name, decode_batches, load_multi30k
 
 # %% ../book/10_speed.ipynb #70b381b4
 def use_path(model: EncoderDecoder, fast: bool) -> None:
@@ -237,19 +235,10 @@ if _CPU_ATTENTION not in flop_registry:
         return sdpa_flop_count(query_shape, key_shape, value_shape)
 
 
-@torch.inference_mode()
-def decode_all(model: EncoderDecoder, sources, batch_size: int, beam_size: int, cache: bool) -> list[list[int]]:
-    """Decode token-id sources (each ending in </s>) as `Translator` does: sorted by length, `batch_size` at a
-    time, beam search with §6.1's settings. Returns the output token ids in input order."""
-    device = next(model.parameters()).device
-    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
-    out: list[list[int]] = [[] for _ in sources]
-    for start in range(0, len(order), batch_size):
-        chunk = order[start:start + batch_size]
-        src = pad_sequences([sources[i] for i in chunk]).to(device)
-        for i, hyp in zip(chunk, beam_search(model, src, (src != PAD)[:, None, :], beam_size, 0.6, 50, cache)):
-            out[i] = hyp.tokens
-    _sync(device)
+def _decode(model: EncoderDecoder, sources, batch_size: int, beam_size: int, cache: bool) -> list[list[int]]:
+    "`decode_batches` with §6.1's settings, finished on the device before it returns (so that timing it means something)."
+    out = decode_batches(model, sources, batch_size, beam_size, cache=cache)
+    _sync(next(model.parameters()).device)
     return out
 
 
@@ -271,18 +260,18 @@ def bench_translation(model: EncoderDecoder, sources, device, batch_sizes=(1, 64
     outputs, memory, times = {}, {}, {case: [] for case in cases}
     for case in cases:  # first run of each: warm-up, outputs, peak memory
         with PeakMemory(device) as peak:
-            outputs[case] = decode_all(model, subset[case[0]], *case)
+            outputs[case] = _decode(model, subset[case[0]], *case)
         memory[case] = peak.bytes
     for _ in range(repeats):
         for case in cases:
             start = time.perf_counter()
-            decode_all(model, subset[case[0]], *case)
+            _decode(model, subset[case[0]], *case)
             times[case].append(time.perf_counter() - start)
     results = []
     for b, k, cache in cases:
         counter = FlopCounterMode(display=False)
         with counter:
-            decode_all(model, subset[b], b, k, cache)
+            _decode(model, subset[b], b, k, cache)
         tokens = sum(len(o) + 1 for o in outputs[b, k, cache])  # + </s>
         n = len(subset[b])
         results.append({"batch_size": b, "beam_size": k, "cache": cache, "sentences": n, "output_tokens": tokens,
@@ -361,8 +350,7 @@ def run_benchmark(device=None, checkpoint=None, repeats: int = 3, updates: int |
         result["translation"] = "not measured: no trained checkpoint was given"
         return result
     test = [s for s, _ in load_multi30k("test", translator.direction)]
-    ids = [translator.src_vocab.encode(t)[:translator.model.config.max_len - 2] + [EOS]
-           for t in translator.src_tokenizer(test)]
+    ids = [x for x in translator.encode(test) if x]
     counts = sentences or ({1: 100, 64: 1000} if on_gpu else {1: 32, 64: 256})
     translation = []
     for batch_size, n in counts.items():

@@ -6,7 +6,8 @@
 __all__ = ['MULTI30K_URL', 'MULTI30K_SPLITS', 'MULTI30K_SHA256', 'MULTI30K_TERMS', 'UNK', 'SPECIALS', 'DataError', 'data_dir',
            'fetch', 'read_lines', 'read_parallel', 'load_multi30k', 'WordTokenizer', 'Vocab', 'multi30k_data',
            'IncrementalDecoder', 'length_penalty', 'Hypothesis', 'beam_search', 'greedy_search', 'average_checkpoints',
-           'checkpoints_to_average', 'Translator', 'corpus_scores', 'evaluate_translator', 'record_result']
+           'checkpoints_to_average', 'decode_batches', 'Translator', 'corpus_scores', 'evaluate_translator',
+           'record_result']
 
 # %% ../book/07_results.ipynb #35e317fe
 import functools
@@ -511,13 +512,29 @@ def checkpoints_to_average(run_dir, k: int) -> list[Path]:
     return found[-k:]
 
 # %% ../book/07_results.ipynb #97a9b374
+def decode_batches(model: EncoderDecoder, sources: list[list[int]], batch_size: int = 64, beam_size: int = 4,
+                   alpha: float = 0.6, extra_len: int = 50, cache: bool = True) -> list[list[int]]:
+    """Decode source sentences given as token ids (each ending in </s>) with `beam_search`: sorted by length so
+    that a batch wastes little on padding, `batch_size` at a time. Returns the output token ids in input order;
+    an empty source gives an empty output without running the model."""
+    device = next(model.parameters()).device
+    out: list[list[int]] = [[] for _ in sources]
+    order = sorted((i for i, x in enumerate(sources) if x), key=lambda i: len(sources[i]))
+    for start in range(0, len(order), batch_size):
+        chunk = order[start:start + batch_size]
+        src = pad_sequences([sources[i] for i in chunk]).to(device)
+        for i, hyp in zip(chunk, beam_search(model, src, (src != PAD)[:, None, :], beam_size, alpha, extra_len, cache)):
+            out[i] = hyp.tokens
+    return out
+
+
 class Translator:
     """Translate text with a trained model: tokenization, batched beam search, detokenization.
 
     `Translator.from_checkpoint(path, ...)` loads a checkpoint written by `train` (several paths: their
-    average). `translate(sentences)` returns one string per input string, in order. Inputs are sorted by length
-    and decoded `batch_size` at a time. An empty or whitespace-only input gives an empty output without
-    running the model. An input longer than the model's positions is cut to fit, with a warning that counts
+    average). `translate(sentences)` returns one string per input string, in order: `encode` turns the text into
+    source token ids, `decode_batches` decodes them `batch_size` at a time, and the output is detokenized. An
+    empty or whitespace-only input gives an empty output without running the model. An input longer than the model's positions is cut to fit, with a warning that counts
     such inputs. Words never seen in training become `<unk>`, and the model may also write `<unk>`.
     """
 
@@ -545,8 +562,8 @@ class Translator:
                                   f"({str(err).splitlines()[0]})") from None
         return cls(model.to(device), state["vocab"], device=device, batch_size=batch_size)
 
-    def translate(self, sentences, beam_size: int = 4, alpha: float = 0.6, extra_len: int = 50,
-                  cache: bool = True) -> list[str]:
+    def encode(self, sentences) -> list[list[int]]:
+        "Source token ids of each string, ending in </s> and cut to the model's positions; [] for an empty one."
         sentences = list(sentences)
         if any(not isinstance(s, str) for s in sentences):
             raise TypeError("translate takes a list of strings")
@@ -554,16 +571,12 @@ class Translator:
         ids = [self.src_vocab.encode(tokens) for tokens in self.src_tokenizer(sentences)]
         if too_long := sum(len(x) > limit - 1 for x in ids):
             warnings.warn(f"{too_long} input(s) longer than the model's {limit - 1} source tokens were cut to fit")
-        ids = [x[:limit - 1] + [EOS] if x else [] for x in ids]
-        out = [""] * len(sentences)
-        order = sorted((i for i, x in enumerate(ids) if x), key=lambda i: len(ids[i]))
-        for start in range(0, len(order), self.batch_size):
-            chunk = order[start:start + self.batch_size]
-            src = pad_sequences([ids[i] for i in chunk]).to(self.device)
-            hyps = beam_search(self.model, src, (src != PAD)[:, None, :], beam_size, alpha, extra_len, cache)
-            for i, hyp in zip(chunk, hyps):
-                out[i] = self.tgt_tokenizer.detokenize(self.tgt_vocab.decode(hyp.tokens))
-        return out
+        return [x[:limit - 1] + [EOS] if x else [] for x in ids]
+
+    def translate(self, sentences, beam_size: int = 4, alpha: float = 0.6, extra_len: int = 50,
+                  cache: bool = True) -> list[str]:
+        outputs = decode_batches(self.model, self.encode(sentences), self.batch_size, beam_size, alpha, extra_len, cache)
+        return [self.tgt_tokenizer.detokenize(self.tgt_vocab.decode(tokens)) if tokens else "" for tokens in outputs]
 
 # %% ../book/07_results.ipynb #c921aa94
 def corpus_scores(hypotheses: list[str], references: list[str], lang: str | None = None) -> dict:

@@ -5,7 +5,6 @@ import hashlib
 import itertools
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,8 +17,9 @@ from annotated_transformer.attention import subsequent_mask
 from annotated_transformer.training import (BOS, EOS, PAD, RECIPES, greedy_decode, load_task, pad_sequences,
                                             save_checkpoint, train)
 from annotated_transformer.translation import (MULTI30K_SHA256, DataError, IncrementalDecoder, Translator, Vocab,
-                                               WordTokenizer, average_checkpoints, beam_search, corpus_scores, fetch,
-                                               greedy_search, length_penalty, load_multi30k, read_lines, read_parallel)
+                                               WordTokenizer, average_checkpoints, beam_search, corpus_scores,
+                                               decode_batches, fetch, greedy_search, length_penalty, load_multi30k,
+                                               read_lines, read_parallel)
 
 def gz(path: Path, lines: list[str]) -> Path:
     path.write_bytes(gzip.compress("".join(line + "\n" for line in lines).encode()))
@@ -394,3 +394,14 @@ def test_translate_and_evaluate_commands(tiny_run, tmp_path):
     assert len((tmp_path / "hyps.txt").read_text().splitlines()) == 1014
     done = run_cli("evaluate", "--checkpoint", str(last), "--average", "2")
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "--average needs a run directory" in done.stderr
+
+
+def test_decode_batches_keeps_the_input_order_and_skips_empty_sources():
+    model = sharp_model(9)
+    sources = [[int(t) for t in torch.randint(3, 30, (n,), generator=torch.Generator().manual_seed(n))] + [EOS]
+               for n in (7, 2, 11, 4)]
+    sources.insert(2, [])
+    batched = decode_batches(model, sources, batch_size=2, beam_size=3, extra_len=5)
+    one_by_one = [beam_search(model, torch.tensor([s]), torch.ones(1, 1, len(s), dtype=torch.bool), beam_size=3,
+                              extra_len=5)[0].tokens if s else [] for s in sources]
+    assert batched == one_by_one and batched[2] == []

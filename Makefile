@@ -51,9 +51,11 @@ book: vendor
 
 # The book rendered from the outputs stored in the notebooks (no execution): `make test` runs nbval, which
 # executes every notebook and proves those outputs reproducible, so executing them again here would only
-# double the time.
+# double the time. The configuration written to _build/ names the local Sphinx extensions by absolute path,
+# since Jupyter Book resolves them relative to the configuration file.
 book-stored: vendor
-	$(PY) -c "import yaml; c = yaml.safe_load(open('_config.yml')); c['execute']['execute_notebooks'] = 'off'; \
+	$(PY) -c "import os, yaml; c = yaml.safe_load(open('_config.yml')); c['execute']['execute_notebooks'] = 'off'; \
+	ext = c['sphinx'].get('local_extensions') or {}; c['sphinx']['local_extensions'] = {k: os.path.abspath(v) for k, v in ext.items()}; \
 	yaml.safe_dump(c, open('_build/config-stored-outputs.yml', 'w'))"
 	$(BIN)/jupyter-book build -W -n --keep-going --config _build/config-stored-outputs.yml .
 

@@ -14,6 +14,8 @@ from .training import (Batch, CheckpointError, LabelSmoothing, Recipe, RECIPES, 
                        greedy_decode, load_checkpoint, make_optimizer, model_from_checkpoint, rate, save_checkpoint,
                        token_batches, train)
 from .translation import (DataError, Hypothesis, IncrementalDecoder, Translator, Vocab, WordTokenizer,
-                          average_checkpoints, beam_search, corpus_scores, decode_batches, evaluate_translator, fetch,
-                          greedy_search, length_penalty, load_multi30k)
+                          average_checkpoints, beam_search, cached_run, corpus_scores, decode_batches,
+                          evaluate_translator, fetch, greedy_search, length_penalty, load_multi30k)
 from .bench import bench_table, bench_training, bench_translation, run_benchmark, use_path, write_benchmark
+from .viz import (CapturedAttention, attention_chart, attention_explorer, attention_overview, capture_attention,
+                  head_statistics, head_statistics_chart, uniform_attention)

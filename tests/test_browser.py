@@ -120,3 +120,33 @@ def test_attention_chapter_has_math_and_a_chart():
     if not html:
         unavailable("the book is not built")
     assert 'class="math' in html and 'class="at-chart"' in html
+
+
+def test_visualisation_menus_change_the_charts(server, browser):
+    """On the attention chapter, every layer and head menu (and the statistics menu) redraws its chart offline.
+
+    Saves a screenshot of the encoder-decoder attention chart once its menus have been changed."""
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.route("**/*", lambda route: route.continue_() if route.request.url.startswith(server) else route.abort())
+    page.goto(server + "book/08_attention_visualization.html", wait_until="load")
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('.at-chart')].every(c => c.querySelector('svg'))", timeout=30_000)
+    charts = [c for c in page.locator(".at-chart").all() if c.locator(".vega-bindings select").count()]
+    assert len(charts) == 4, "the three kinds of attention and the head statistics have menus"
+    changed = 0
+    for chart in charts:
+        svg = chart.locator("svg").first.element_handle()
+        for menu in chart.locator(".vega-bindings select").all():
+            options = menu.locator("option").all_inner_texts()
+            assert len(options) >= 2
+            before = svg.inner_html()
+            menu.select_option(label=options[-1] if menu.input_value() != options[-1] else options[0])
+            page.wait_for_function("([svg, before]) => svg.innerHTML !== before", arg=[svg, before], timeout=10_000)
+            changed += 1
+    cross = [c for c in charts if "Encoder-decoder attention: layer" in c.inner_text()]
+    assert len(cross) == 1
+    page.evaluate("() => document.activeElement && document.activeElement.blur()")
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    cross[0].screenshot(path=str(SHOTS / "08_attention_visualization-cross-attention.png"))
+    page.close()
+    assert changed >= 7  # 3 kinds x (layer, head), and the statistics menu

@@ -405,3 +405,47 @@ def test_decode_batches_keeps_the_input_order_and_skips_empty_sources():
     one_by_one = [beam_search(model, torch.tensor([s]), torch.ones(1, 1, len(s), dtype=torch.bool), beam_size=3,
                               extra_len=5)[0].tokens if s else [] for s in sources]
     assert batched == one_by_one and batched[2] == []
+
+
+
+def test_cached_run_trains_once_resumes_an_interrupted_run_and_keys_on_the_settings(cache, monkeypatch):
+    from annotated_transformer import translation
+    from annotated_transformer.training import train
+
+    recipe = RECIPES["copy"].replace(N=1, d_model=16, d_ff=32, h=2, steps=12, warmup=4, eval_every=4, checkpoint_every=4)
+    calls = []
+
+    def interrupted_once(recipe, run_dir, **kwargs):
+        calls.append(kwargs["resume"])
+        if len(calls) == 1:  # the first run is killed after 8 of its 12 updates, as by Ctrl-C or a pre-emption
+            train(recipe, run_dir, **kwargs, stop_after=8)
+            raise KeyboardInterrupt
+        return train(recipe, run_dir, **kwargs)
+
+    monkeypatch.setattr(translation, "train", interrupted_once)
+    with pytest.raises(KeyboardInterrupt):
+        translation.cached_run(recipe, progress=False)
+    run = translation.cached_run(recipe, progress=False)
+    assert calls == [False, True]  # the second call resumed the interrupted run
+    assert run.parent == cache / "runs" and run.name.startswith("copy-")
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["finished"] and summary["steps"] == 12
+    assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [4, 8, 12]
+    assert translation.cached_run(recipe, progress=False) == run and len(calls) == 2  # finished: not trained again
+
+    # Other settings are another run. One killed before its first checkpoint left a folder with nothing to resume:
+    # the next call starts it afresh instead of refusing the folder.
+    other = recipe.replace(seed=1)
+
+    def killed_at_once(recipe, run_dir, **kwargs):
+        run_dir.mkdir(parents=True)
+        (run_dir / "metrics.jsonl").write_text("")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(translation, "train", killed_at_once)
+    with pytest.raises(KeyboardInterrupt):
+        translation.cached_run(other, progress=False)
+    monkeypatch.setattr(translation, "train", train)
+    other_run = translation.cached_run(other, progress=False)
+    assert other_run.parent == run.parent and other_run != run
+    assert json.loads((other_run / "summary.json").read_text())["finished"]

@@ -3,7 +3,8 @@
 Docstrings. The package's docstrings are written like the notebooks' prose: `name` for code (which the
 `default_role: code` setting renders as code) and formulas in plain text, such as lp(Y) = ((5 + |Y|) / 6)^alpha.
 reStructuredText, which autodoc parses them as, reads |Y| as a substitution; `escape_bars` escapes the bars
-outside code, so the API page shows the docstrings as written.
+outside code, so the API page shows the docstrings as written. A module constant is shown with its value
+unless the value is long (the checksums of `JS_ASSETS`): that one would only run off the page.
 
 Citations. sphinxcontrib-bibtex's author-year style puts square brackets around citations; the book's prose
 uses round ones, "Vaswani et al. (2017)" and "(Vaswani et al., 2017; Xiong et al., 2020)". `author_year_round` is
@@ -20,6 +21,8 @@ from pybtex.plugin import register_plugin as register_pybtex_plugin
 from pybtex.richtext import Text
 from pybtex.style.formatting.plain import Style as PlainStyle
 from pybtex.style.labels import BaseLabelStyle
+from sphinx.ext.autodoc import DataDocumenter
+from sphinx.util.inspect import object_description
 
 from sphinxcontrib.bibtex.plugin import register_plugin
 from sphinxcontrib.bibtex.style.referencing import BracketStyle
@@ -36,6 +39,14 @@ def escape_bars(line: str) -> str:
 
 def _escape_docstring(app, what, name, obj, options, lines):
     lines[:] = [escape_bars(line) for line in lines]
+
+
+class ShortValueDataDocumenter(DataDocumenter):
+    "Module constants, with their value only when it fits on a line or two."
+    MAX_VALUE = 160
+
+    def should_suppress_value_header(self) -> bool:
+        return super().should_suppress_value_header() or len(object_description(self.object)) > self.MAX_VALUE
 
 
 def _round() -> BracketStyle:
@@ -95,5 +106,7 @@ register_pybtex_plugin("pybtex.style.formatting", "plain_author_year", PlainAuth
 
 
 def setup(app):
+    app.setup_extension("sphinx.ext.autodoc")
+    app.add_autodocumenter(ShortValueDataDocumenter, override=True)
     app.connect("autodoc-process-docstring", _escape_docstring)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

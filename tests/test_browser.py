@@ -67,7 +67,11 @@ def browser():
 
 
 def charts_in_notebook(chapter: str) -> int:
-    nb = json.loads((ROOT / f"{chapter}.ipynb").read_text(encoding="utf-8"))
+    "How many charts the chapter's stored outputs hold (none on a Markdown page)."
+    path = ROOT / f"{chapter}.ipynb"
+    if not path.is_file():
+        return 0
+    nb = json.loads(path.read_text(encoding="utf-8"))
     return sum('class="at-chart"' in "".join(o.get("data", {}).get("text/html", ""))
                for c in nb["cells"] for o in c.get("outputs", []))
 

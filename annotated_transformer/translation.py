@@ -45,7 +45,8 @@ class DataError(RuntimeError):
 
 
 def data_dir() -> Path:
-    "Where downloaded data sets are kept: `$AT_DATA_DIR`, by default `~/.cache/annotated_transformer`."
+    """Where downloaded data sets, and the trained runs of `cached_run`, are kept: `$AT_DATA_DIR`, by default
+    `~/.cache/annotated_transformer`."""
     return Path(os.environ.get("AT_DATA_DIR") or Path.home() / ".cache" / "annotated_transformer")
 
 
@@ -672,15 +673,22 @@ def _device_name(device: str) -> str:
     return f"{name}, {os.cpu_count()} CPU cores"
 
 # %% ../book/07_results.ipynb #1d7d6beb
+_RUN_MODULES = ("attention", "multi_head", "layers", "encoding", "model", "training", "translation")
+
+
 def cached_run(recipe: Recipe, *, device=None, progress: bool = True) -> Path:
     """The run directory of `recipe` trained to its last update, from the run cache `data_dir()/runs`.
 
-    The folder is named after the recipe and a hash of all its settings, so a changed recipe is a new run. A
-    finished run is returned as it is; an interrupted one is resumed from its newest checkpoint; otherwise the
-    recipe is trained (with `train`) into it. Chapters use it so that a model trained once serves them all.
+    The folder is named after the recipe and a hash of all its settings and of the source of the modules that
+    build, train and feed the model, so a changed recipe or a change to that code is a new run. A finished run
+    is returned as it is; an interrupted one is resumed from its newest checkpoint; otherwise the recipe is
+    trained (with `train`) into it. Chapters use it so that a model trained once serves them all.
     """
-    key = hashlib.sha256(json.dumps(recipe.to_dict(), sort_keys=True).encode()).hexdigest()[:12]
-    run_dir = data_dir() / "runs" / f"{recipe.name}-{key}"
+    key = hashlib.sha256(json.dumps(recipe.to_dict(), sort_keys=True).encode())
+    package = Path(inspect.getfile(write_json)).resolve().parent  # the package's folder (also from the notebook)
+    for module in _RUN_MODULES:
+        key.update((package / f"{module}.py").read_bytes())
+    run_dir = data_dir() / "runs" / f"{recipe.name}-{key.hexdigest()[:12]}"
     summary = run_dir / "summary.json"
     if summary.exists() and json.loads(summary.read_text()).get("finished"):
         return run_dir

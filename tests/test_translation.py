@@ -407,7 +407,6 @@ def test_decode_batches_keeps_the_input_order_and_skips_empty_sources():
     assert batched == one_by_one and batched[2] == []
 
 
-
 def test_cached_run_trains_once_resumes_an_interrupted_run_and_keys_on_the_settings(cache, monkeypatch):
     from annotated_transformer import translation
     from annotated_transformer.training import train

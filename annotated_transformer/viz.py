@@ -102,7 +102,7 @@ def capture_attention(translator: Translator, sources: list[str], targets: list[
 def _records(weights: Tensor) -> list[dict]:
     "(layers, heads, queries, keys) -> one record per cell, positions from 0 and layers and heads from 1."
     layers, heads, n_q, n_k = weights.shape
-    values = weights.round(decimals=3).tolist()
+    values = weights.double().round(decimals=3).tolist()  # float64: 0.011, not 0.010999999940395355
     return [{"layer": l + 1, "head": h + 1, "query": q, "key": k, "weight": values[l][h][q][k]}
             for l in range(layers) for h in range(heads) for q in range(n_q) for k in range(n_k)]
 
@@ -203,8 +203,8 @@ def head_statistics(captured: CapturedAttention) -> list[dict]:
                                                    else torch.full((n_q,), float(n_k))).expand(w.shape[:-1])}
             if kind != "cross":
                 stats["distance"] = (w * (q - k).abs()).sum(-1)
-                stats.update({name: (w * (k - q == offset)).sum(-1)
-                              for name, offset in (("previous", -1), ("same", 0), ("next", 1))})
+                offsets = {"previous": -1, "same": 0, **({} if kind == "decoder" else {"next": 1})}  # no look-ahead
+                stats.update({name: (w * (k - q == offset)).sum(-1) for name, offset in offsets.items()})
             stats["boundary"] = w[..., 0] if kind == "decoder" else w[..., n_k - 1]
             for name, value in stats.items():  # value: (layers, heads, queries) -> sums over queries
                 sums[kind, name] = sums.get((kind, name), 0) + value.sum(-1)

@@ -8,9 +8,9 @@ unless the value is long (the checksums of `JS_ASSETS`): that one would only run
 
 Citations. sphinxcontrib-bibtex's author-year style puts square brackets around citations; the book's prose
 uses round ones, "Vaswani et al. (2017)" and "(Vaswani et al., 2017; Xiong et al., 2020)". `author_year_round` is
-that style. The
-bibliography labels its entries the same way, [Vaswani et al., 2017], instead of pybtex's [VSP+17]: the
-formatting style `plain_author_year` is pybtex's `plain` (sorted by author, year and title) with those labels.
+that style. The bibliography labels its entries the same way, [Vaswani et al., 2017], instead of pybtex's
+[VSP+17]: the formatting style `plain_author_year` is pybtex's `plain` (sorted by author, year and title) with
+those labels.
 """
 import dataclasses
 import re

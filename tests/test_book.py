@@ -194,6 +194,17 @@ def test_chapter_page_has_a_colab_launch_link(chapter):
     assert "On Colab or Binder, install" not in html, "the install cell is hidden in the book"
 
 
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_tables_that_cells_print_are_tables_on_the_page(chapter):
+    "A Markdown table in a cell's output (IPython's Markdown) is rendered as an HTML table, not as text with bars."
+    cells = nbformat.read(ROOT / f"{chapter}.ipynb", as_version=4).cells
+    printed = sum(bool(re.search(r"^\|(\s*:?-+:?\s*\|)+\s*$", o.get("data", {}).get("text/markdown", ""), re.M))
+                  for c in cells if c.cell_type == "code" for o in c.get("outputs", []))
+    html = built(f"{chapter}.html")
+    assert html.count("<table") >= printed, f"{chapter}: {printed} printed table(s), {html.count('<table')} on the page"
+    text = re.sub(r"<pre.*?</pre>", "", html, flags=re.S)  # code may well contain "|---|"
+    assert not re.search(r"\|\s*-{3,}\s*\|", text), f"{chapter}: a table's separator row shows as text"
+
 def test_api_page_documents_the_package():
     html = built("book/api.html")
     for module in MODULES:

@@ -11,6 +11,7 @@ from .layers import DecoderLayer, EncoderLayer, PositionwiseFeedForward, Sublaye
 from .encoding import Embeddings, LearnedPositionalEmbedding, PositionalEncoding, sinusoidal_encoding
 from .model import Decoder, Encoder, EncoderDecoder, Generator, TransformerConfig, make_model
 from .training import (Batch, CheckpointError, LabelSmoothing, Recipe, RECIPES, TASKS, accumulate_gradients,
+                       accumulation_steps,
                        greedy_decode, load_checkpoint, make_optimizer, model_from_checkpoint, rate, save_checkpoint,
                        token_batches, train)
 from .translation import (DataError, Hypothesis, IncrementalDecoder, Translator, Vocab, WordTokenizer,
@@ -19,3 +20,5 @@ from .translation import (DataError, Hypothesis, IncrementalDecoder, Translator,
 from .bench import bench_table, bench_training, bench_translation, run_benchmark, use_path, write_benchmark
 from .viz import (CapturedAttention, attention_chart, attention_explorer, attention_overview, capture_attention,
                   head_statistics, head_statistics_chart, uniform_attention)
+from .wmt import (Subwords, SubwordTranslator, TokenData, clean_pairs, evaluate_wmt14, launch, load_wmt14_test,
+                  prepare_wmt14, process_group, tokenized_bleu)

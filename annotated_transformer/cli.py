@@ -9,6 +9,7 @@ __all__ = ['UsageError', 'parse_override', 'build_parser', 'main']
 import argparse
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -16,6 +17,8 @@ import torch
 
 from .bench import bench_table, run_benchmark, write_benchmark
 from .training import RECIPES, train
+from .wmt import (WMT14_CORPORA, SubwordTranslator, evaluate_wmt14, prepare_wmt14,
+                                       prepared_folder, process_group)
 from .translation import (Translator, checkpoints_to_average, evaluate_translator,
                                                record_result)
 
@@ -91,14 +94,33 @@ def build_parser() -> argparse.ArgumentParser:
     train_cmd.add_argument("--resume", action="store_true", help="continue the run in --out from its newest checkpoint")
     train_cmd.add_argument("--device", help="cpu, cuda, cuda:N or mps (default: the best available)")
     train_cmd.add_argument("--quiet", action="store_true", help="no progress bar")
+    train_cmd.add_argument("--compile", action="store_true", help="compile the model with torch.compile (for GPUs)")
+    train_cmd.epilog = ("In several processes: torchrun --nproc-per-node=N -m annotated_transformer train RECIPE ... "
+                        "(one process per GPU; gloo on CPUs)")
+    prepare_cmd = commands.add_parser(
+        "prepare", help="download and prepare WMT14 English-German for training",
+        description="Download the WMT14 English-German training corpora (checksummed, resumed when cut short; "
+                    "from $AT_MIRROR/wmt14 when set), clean them, learn one SentencePiece BPE vocabulary for both "
+                    "languages, and write the memory-mapped token files that the wmt14 recipes train on.")
+    prepare_cmd.add_argument("dataset", choices=["wmt14-en-de"], help="the data set: wmt14-en-de")
+    prepare_cmd.add_argument("--out", type=Path, help="folder (default: $AT_DATA_DIR/wmt14-en-de, or "
+                                                      "wmt14-en-de-sample with --corpus sample)")
+    prepare_cmd.add_argument("--corpus", nargs="+", choices=[*WMT14_CORPORA, "sample"], default=list(WMT14_CORPORA),
+                             help="corpora to train on (default: all three, about 4.5M pairs; sample: 10,000 pairs)")
+    prepare_cmd.add_argument("--direction", default="en-de", choices=["en-de", "de-en"], help="default: en-de")
+    prepare_cmd.add_argument("--vocab-size", type=_positive, default=37_000, help="subword vocabulary (default 37000)")
+    prepare_cmd.add_argument("--subword-sentences", type=_positive, default=2_000_000,
+                             help="sentences sampled to learn the subwords from (default 2000000)")
+    prepare_cmd.add_argument("--quiet", action="store_true", help="no progress bars")
     translate_cmd = commands.add_parser(
         "translate", help="translate sentences from stdin",
         description="Translate standard input, one sentence per line, to standard output, in the same order. "
                     "An empty line gives an empty line.")
     _decoding_options(translate_cmd)
     evaluate_cmd = commands.add_parser(
-        "evaluate", help="BLEU of a trained model on a Multi30k split",
-        description="Translate a Multi30k split with beam search and print sacreBLEU (with its signature) and chrF. "
+        "evaluate", help="BLEU of a trained model on a Multi30k split, or on newstest2014",
+        description="Translate a Multi30k split (a WMT14 model: newstest2014) with beam search and print sacreBLEU "
+                    "(with its signature) and chrF. "
                     "With a checkpoint of a run, the scores also go into the run's summary.json and into --results.")
     _decoding_options(evaluate_cmd)
     evaluate_cmd.add_argument("--split", default="test", choices=["valid", "test"], help="default: test (test2016)")
@@ -153,8 +175,18 @@ def _train(args, settings) -> dict:
         recipe = RECIPES[args.recipe].replace(**settings)
     except ValueError as err:
         raise UsageError(str(err)) from None
-    return train(recipe, args.out or Path("runs") / recipe.name, device=_device(args.device), resume=args.resume,
-                 progress=not args.quiet)
+    with process_group(_device(args.device)) as device:  # under torchrun: one of several processes
+        return train(recipe, args.out or Path("runs") / recipe.name, device=device, resume=args.resume,
+                     progress=not args.quiet, compile=args.compile)
+
+
+def _prepare(args) -> dict:
+    default = prepared_folder("wmt14-en-de-sample" if args.corpus == ["sample"] else None)
+    manifest = prepare_wmt14(args.out or default, corpora=tuple(args.corpus), direction=args.direction,
+                             vocab_size=args.vocab_size, subword_sentences=args.subword_sentences,
+                             progress=not args.quiet)
+    print(f"prepared in {args.out or default}", file=sys.stderr)
+    return manifest
 
 
 def _translate(args) -> None:
@@ -179,6 +211,18 @@ def _translate(args) -> None:
 def _evaluate(args) -> dict:
     paths, run_dir = _resolve_checkpoints(args.checkpoint, args.average)
     translator = Translator.from_checkpoint(*paths, device=_device(args.device))
+    if isinstance(translator, SubwordTranslator):  # a WMT14 model: newstest2014, full and filtered
+        evaluation = evaluate_wmt14(translator, args.beam_size, args.alpha, args.extra_len)
+        evaluation["checkpoints"] = [p.name for p in paths]
+        print(f"newstest2014, sacreBLEU: {evaluation['bleu_full']} (wmt14/full, 3003 lines), {evaluation['bleu_filtered']} "
+              f"(wmt14, 2737 lines) ({evaluation['bleu_signature']})")
+        print(f"tokenized BLEU with compounds split (the paper's kind; not comparable with sacreBLEU): "
+              f"{evaluation['tokenized_bleu_filtered']}")
+        if args.hypotheses:
+            args.hypotheses.write_text("".join(h + "\n" for h in evaluation["hypotheses"]), encoding="utf-8")
+        if run_dir is not None:
+            print(f"recorded in {run_dir / 'summary.json'} and {record_result(run_dir, evaluation, args.results)}")
+        return evaluation
     evaluation = evaluate_translator(translator, args.split, args.beam_size, args.alpha, args.extra_len)
     evaluation["checkpoints"] = [p.name for p in paths]
     print(f"{evaluation['bleu_detail']} ({evaluation['bleu_signature']})")
@@ -208,7 +252,7 @@ def _bench(args) -> dict:
 
 
 def main(argv=None) -> int:
-    """The command line: `annotated-transformer train | translate | evaluate | bench ...` (see `--help`).
+    """The command line: `annotated-transformer train | prepare | translate | evaluate | bench ...` (see `--help`).
 
     Every failure prints one line on stderr, without a traceback: exit code 2 for mistakes in the arguments
     or settings, 1 for anything that goes wrong while running, 130 after Ctrl-C.
@@ -220,7 +264,11 @@ def main(argv=None) -> int:
             raise UsageError(f"unrecognized arguments: {' '.join(rest)}")
         settings = dict(parse_override(word) for word in rest)  # KEY=VALUE words, before or after the options
         if args.command == "train":
-            print(json.dumps(_train(args, settings), indent=2))
+            summary = _train(args, settings)
+            if os.environ.get("RANK", "0") == "0":  # under torchrun, the first process speaks for all
+                print(json.dumps(summary, indent=2))
+        elif args.command == "prepare":
+            print(json.dumps(_prepare(args), indent=2))
         elif args.command == "translate":
             _translate(args)
         elif args.command == "evaluate":

@@ -6,11 +6,13 @@
 __all__ = ['PAD', 'BOS', 'EOS', 'CHECKPOINT_FORMAT', 'RECIPES', 'TASKS', 'copy_task', 'Batch', 'pad_sequences', 'token_batches',
            'padding_fraction', 'rate', 'make_optimizer', 'LabelSmoothing', 'accumulate_gradients', 'greedy_decode',
            'CheckpointError', 'save_checkpoint', 'load_checkpoint', 'model_from_checkpoint', 'Recipe', 'default_device',
-           'write_json', 'batches_of', 'validation_loss', 'Task', 'copy_exact_match', 'copy_data', 'load_task', 'train',
-           'plot_metrics']
+           'write_json', 'pair_lengths', 'batches_of', 'validation_loss', 'Task', 'copy_exact_match', 'copy_data',
+           'load_task', 'rank_and_world_size', 'accumulation_steps', 'split_for_processes', 'train', 'plot_metrics']
 
 # %% ../book/06_training.ipynb #b9032c27
+import contextlib
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -128,7 +130,9 @@ def make_optimizer(model: nn.Module, d_model: int, factor: float = 1.0, warmup: 
 
     The schedule counts optimizer updates from 1: the k-th update uses rate(k). Returns (optimizer, scheduler).
     """
-    optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9)
+    # On CUDA, the fused implementation updates all parameters in a few kernels instead of several per tensor.
+    fused = all(p.device.type == "cuda" for p in model.parameters())
+    optimizer = torch.optim.Adam(model.parameters(), lr=1.0, betas=(0.9, 0.98), eps=1e-9, fused=fused or None)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: rate(step + 1, d_model, factor, warmup))
     return optimizer, scheduler
 
@@ -178,19 +182,26 @@ class LabelSmoothing(nn.Module):
 
 # %% ../book/06_training.ipynb #bcc272e3
 def accumulate_gradients(model: EncoderDecoder, batches: list[Batch], criterion: nn.Module,
-                         autocast: bool = False) -> tuple[float, int]:
+                         autocast: bool = False, normalizer: float | None = None) -> tuple[float, int]:
     """Backpropagate the loss of several batches as if they were one (gradient accumulation).
 
     Each batch's summed loss is divided by the real target tokens of *all* the batches together, so the
     gradients equal those of one big batch, however the tokens are split. Returns (summed loss, tokens).
+    When other processes hold the rest of the update's batches (`model` is then wrapped in PyTorch's
+    DistributedDataParallel, chapter 9), `normalizer` replaces that count: the update's tokens in all processes
+    divided by their number, because DistributedDataParallel averages the processes' gradients.
     """
     ntokens = sum(b.ntokens for b in batches)
+    core = getattr(model, "module", model)  # the model itself, also when DistributedDataParallel wraps it
     total = 0.0
-    for b in batches:
-        with torch.autocast(b.src.device.type, dtype=torch.bfloat16, enabled=autocast):
-            log_probs = model.generator(model(b.src, b.tgt_in, b.src_mask, b.tgt_mask))  # (batch, n_tgt, vocab)
-        loss = criterion(log_probs.reshape(-1, log_probs.size(-1)), b.tgt_y.reshape(-1))
-        (loss / ntokens).backward()
+    for i, b in enumerate(batches):
+        # Processes exchange gradients once per update, in the backward pass of its last batch.
+        exchange = i == len(batches) - 1 or core is model
+        with contextlib.nullcontext() if exchange else model.no_sync():
+            with torch.autocast(b.src.device.type, dtype=torch.bfloat16, enabled=autocast):
+                log_probs = core.generator(model(b.src, b.tgt_in, b.src_mask, b.tgt_mask))  # (batch, n_tgt, vocab)
+            loss = criterion(log_probs.reshape(-1, log_probs.size(-1)), b.tgt_y.reshape(-1))
+            (loss / (normalizer or ntokens)).backward()
         total += loss.item()
     return total, ntokens
 
@@ -293,6 +304,10 @@ class Recipe:
     Data settings, for the tasks that use them: direction, e.g. "de-en" (source-target languages);
     min_freq: how often a word must occur in the training data to get its own vocabulary entry;
     average_checkpoints: how many of the last checkpoints an evaluation of the run averages (§6.1).
+    Scale settings (chapter 9): tokens_per_update, when set, replaces accum_steps by the number of batches each
+    process needs for all processes together to reach that many tokens a side per update (`accumulation_steps`);
+    checkpoint_minutes, when set, also saves a checkpoint whenever that much time has passed since the last one;
+    data: a folder of prepared data, for tasks that read one (chapter 9's WMT data; None: the task's default).
     """
 
     name: str
@@ -311,6 +326,9 @@ class Recipe:
     direction: str | None = None
     min_freq: int = 1
     average_checkpoints: int = 1
+    tokens_per_update: int | None = None
+    checkpoint_minutes: float | None = None
+    data: str | None = None
 
     def __post_init__(self):
         for name in ("max_tokens", "steps", "warmup", "accum_steps", "eval_every", "checkpoint_every", "keep_checkpoints",
@@ -322,10 +340,17 @@ class Recipe:
             return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
         if not positive_number(self.factor):
             raise ValueError(f"factor must be a positive number, got {self.factor!r}")
-        if self.clip_norm is not None and not positive_number(self.clip_norm):
-            raise ValueError(f"clip_norm must be a positive number or None, got {self.clip_norm!r}")
+        for name in ("clip_norm", "checkpoint_minutes"):
+            if getattr(self, name) is not None and not positive_number(getattr(self, name)):
+                raise ValueError(f"{name} must be a positive number or None, got {getattr(self, name)!r}")
+        if self.tokens_per_update is not None and not (isinstance(self.tokens_per_update, int) and
+                                                       not isinstance(self.tokens_per_update, bool) and
+                                                       self.tokens_per_update >= 1):
+            raise ValueError(f"tokens_per_update must be a positive integer or None, got {self.tokens_per_update!r}")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        if self.data is not None and not isinstance(self.data, str):
+            raise ValueError(f"data must be a folder's path or None, got {self.data!r}")
         if self.average_checkpoints > self.keep_checkpoints:
             raise ValueError(f"average_checkpoints ({self.average_checkpoints}) cannot exceed keep_checkpoints "
                              f"({self.keep_checkpoints}): only the kept checkpoints can be averaged")
@@ -380,6 +405,14 @@ def write_json(path, data) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def pair_lengths(pairs) -> tuple[list[int], list[int]]:
+    """The lengths that batching needs: source tokens, and target tokens the model predicts (all but <s>). Data kept
+    on disk (chapter 9) reports them itself, through a `lengths()` method, without reading every sentence."""
+    if hasattr(pairs, "lengths"):
+        return pairs.lengths()
+    return [len(s) for s, _ in pairs], [len(t) - 1 for _, t in pairs]
+
+
 def batches_of(pairs, indices) -> Batch:
     "The `Batch` of the sentence pairs at `indices`."
     return Batch(pad_sequences([pairs[i][0] for i in indices]), pad_sequences([pairs[i][1] for i in indices]))
@@ -391,7 +424,7 @@ def validation_loss(model: EncoderDecoder, pairs, max_tokens: int, device) -> fl
     was_training = model.training
     model.eval()
     total, tokens = 0.0, 0
-    for indices in token_batches([len(s) for s, _ in pairs], [len(t) - 1 for _, t in pairs], max_tokens, seed=0):
+    for indices in token_batches(*pair_lengths(pairs), max_tokens, seed=0):
         b = batches_of(pairs, indices).to(device)
         log_probs = model.generator(model(b.src, b.tgt_in, b.src_mask, b.tgt_mask))
         total += nn.functional.nll_loss(log_probs.reshape(-1, log_probs.size(-1)).float(), b.tgt_y.reshape(-1),
@@ -461,25 +494,82 @@ def _check_device(device: torch.device) -> None:
         raise ValueError(f"device {str(device)!r} is not usable here ({str(err).split('. ')[0]}); use --device cpu") from None
 
 
+def rank_and_world_size() -> tuple[int, int]:
+    """(rank, world size) of this training process: (0, 1) for a single process; under `torchrun`, once
+    `torch.distributed` is initialised (chapter 9), this process's number and the number of processes."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+def accumulation_steps(recipe: Recipe, world_size: int) -> int:
+    """Batches each process accumulates per update: `recipe.accum_steps`, or, when the recipe sets
+    `tokens_per_update`, enough batches of `max_tokens` for `world_size` processes together to reach it."""
+    if recipe.tokens_per_update is None:
+        return recipe.accum_steps
+    return max(1, math.ceil(recipe.tokens_per_update / (world_size * recipe.max_tokens)))
+
+
+def split_for_processes(batches: list[list[int]], world_size: int) -> list[list[int]]:
+    """`batches` with the largest halved until their number is a multiple of `world_size`, so that in every update
+    each process gets the same number of batches (each must take part in every exchange of gradients) and every
+    sentence stays in exactly one batch."""
+    batches = list(batches)
+    while len(batches) % world_size:
+        i = max(range(len(batches)), key=lambda k: len(batches[k]))
+        if len(batches[i]) < 2:
+            raise ValueError(f"{sum(map(len, batches))} sentences are too few to share among {world_size} processes")
+        half = len(batches[i]) // 2
+        batches[i:i + 1] = [batches[i][:half], batches[i][half:]]
+    return batches
+
+
+def _rng_state() -> dict:
+    return {"cpu": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+
+
+def _weights_digest(model: nn.Module) -> str:
+    "A fingerprint of the model's weights, to check that processes training together hold the same ones."
+    digest = hashlib.sha256()
+    for t in model.state_dict().values():
+        digest.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["cpu"])
+    if state["cuda"] and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
 _RESUME_KEYS = {"recipe", "optimizer", "scheduler", "epoch", "position", "elapsed_s", "rng", "window"}
 
 
 def train(recipe: Recipe, run_dir, *, device=None, resume: bool = False, progress: bool = True,
-          stop_after: int | None = None) -> dict:
+          stop_after: int | None = None, compile: bool = False) -> dict:
     """Train `recipe`, writing the run into `run_dir`; returns the summary (also written to summary.json).
 
     The run directory receives `config.json` (the resolved recipe), `metrics.jsonl` (one line per
     evaluation), checkpoints under `checkpoints/` and `summary.json`. `device` defaults to
-    `default_device()`; on CUDA the forward pass runs in bf16 autocast. `resume=True` continues from the
-    newest checkpoint exactly where it stopped. `stop_after` ends the run early after that many updates in
-    all (as an interruption would), leaving a checkpoint to resume from.
+    `default_device()`; on CUDA the forward pass runs in bf16 autocast where the GPU supports bf16. `resume=True`
+    continues from the newest checkpoint exactly where it stopped. `stop_after` ends the run early after that many
+    updates in all (as an interruption would), leaving a checkpoint to resume from. `compile=True` compiles the
+    model's forward pass with `torch.compile` (worth it for long runs on GPUs; the weights are saved as usual).
+
+    Started by `torchrun` in several processes (chapter 9), the processes train one model together: each takes its
+    own share of every update's batches, their gradients are averaged, and process 0 alone evaluates and writes.
     """
     device = torch.device(device) if device is not None else default_device()
     _check_device(device)
+    rank, world = rank_and_world_size()
+    writer = rank == 0
     run_dir = Path(run_dir)
     task = load_task(recipe)
     torch.manual_seed(recipe.seed)
     model = make_model(task.src_vocab, task.tgt_vocab, recipe.model).to(device)
+    if world > 1:  # the same initial weights everywhere, but each process its own dropout
+        torch.manual_seed(recipe.seed + 1 + rank)
     optimizer, scheduler = make_optimizer(model, recipe.model.d_model, recipe.factor, recipe.warmup)
     criterion = LabelSmoothing(task.tgt_vocab, PAD, recipe.model.label_smoothing)
     step, epoch, position, elapsed, window_loss, window_tokens = 0, 0, 0, 0.0, 0.0, 0
@@ -492,37 +582,57 @@ def train(recipe: Recipe, run_dir, *, device=None, resume: bool = False, progres
             raise CheckpointError(f"{found[-1]}: cannot resume from it, missing {', '.join(sorted(missing))}")
         if state["recipe"] != recipe.to_dict():
             raise CheckpointError(f"{found[-1]}: written for a different recipe or settings; resume with the same ones")
+        if state.get("world_size", 1) != world:
+            raise CheckpointError(f"{found[-1]}: written by {state.get('world_size', 1)} process(es); resume with as "
+                                  f"many (now {world}), since the share of each depends on their number")
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         step, epoch, position, elapsed = state["step"], state["epoch"], state["position"], state["elapsed_s"]
         window_loss, window_tokens = state["window"]
-        torch.set_rng_state(state["rng"]["cpu"])
-        if state["rng"]["cuda"] and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+        _set_rng_state(state["rng"]["processes"][rank] if world > 1 else state["rng"])
         # Forget the evaluations made after this checkpoint: the resumed run makes them again.
         metrics = run_dir / "metrics.jsonl"
-        if metrics.exists():
+        if writer and metrics.exists():
             kept = [line for line in metrics.read_text().splitlines() if line and json.loads(line)["step"] <= step]
             metrics.write_text("".join(line + "\n" for line in kept))
     elif (run_dir / "metrics.jsonl").exists() or _checkpoints(run_dir):
         raise FileExistsError(f"{run_dir} already holds a run: resume it, or choose another directory")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_json(run_dir / "config.json", {"recipe": recipe.to_dict(), "device": str(device)})
+    accum = accumulation_steps(recipe, world)
+    if writer:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_json(run_dir / "config.json", {"recipe": recipe.to_dict(), "device": str(device),
+                                             "world_size": world, "accum_steps": accum})
+    if compile:
+        model.compile()  # in place: the module, its parameters and their names stay the same
+    if world > 1:  # gradients are averaged over the processes after each update's last backward pass
+        learner = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    else:
+        learner = model
 
-    autocast = device.type == "cuda"
-    src_lengths, tgt_lengths = [len(s) for s, _ in task.train], [len(t) - 1 for _, t in task.train]
+    autocast = device.type == "cuda" and torch.cuda.is_bf16_supported()
+    src_lengths, tgt_lengths = pair_lengths(task.train)
     last_metrics = {}
-    started, window_start = time.perf_counter() - elapsed, time.perf_counter()
+    started, window_start, saved_at = time.perf_counter() - elapsed, time.perf_counter(), time.perf_counter()
     end = recipe.steps if stop_after is None else min(recipe.steps, stop_after)
     model.train()
-    bar = tqdm(total=recipe.steps, initial=step, disable=not progress, desc=recipe.name, unit="update")
+    bar = tqdm(total=recipe.steps, initial=step, disable=not progress or not writer, desc=recipe.name, unit="update")
     order, order_epoch = None, None
     while step < end:
         if order_epoch != epoch:  # each epoch has its own shuffle, a function of the seed and the epoch
-            order, order_epoch = token_batches(src_lengths, tgt_lengths, recipe.max_tokens, recipe.seed + epoch), epoch
-        group = [batches_of(task.train, b).to(device) for b in order[position:position + recipe.accum_steps]]
-        loss, ntokens = accumulate_gradients(model, group, criterion, autocast)
+            order = split_for_processes(token_batches(src_lengths, tgt_lengths, recipe.max_tokens, recipe.seed + epoch),
+                                        world)
+            order_epoch = epoch
+        update = order[position:position + world * accum]  # every process computes the same order and takes its share
+        group = [batches_of(task.train, b).to(device) for b in update[rank::world]]
+        normalizer = sum(tgt_lengths[i] for b in update for i in b) / world if world > 1 else None
+        loss, ntokens = accumulate_gradients(learner, group, criterion, autocast, normalizer)
+        # Process 0's clock decides the timed checkpoints, so that all processes save (and stop) together.
+        due = recipe.checkpoint_minutes is not None and time.perf_counter() - saved_at >= 60 * recipe.checkpoint_minutes
+        if world > 1:
+            totals = torch.tensor([loss, ntokens, due and writer], dtype=torch.float64, device=device)
+            torch.distributed.all_reduce(totals)
+            loss, ntokens, due = totals[0].item(), int(totals[1].item()), bool(totals[2].item())
         if not math.isfinite(loss):
             raise FloatingPointError(f"the loss became {loss} at update {step + 1}; lower the learning rate "
                                      "(factor) or set clip_norm, and resume from the last checkpoint")
@@ -532,14 +642,14 @@ def train(recipe: Recipe, run_dir, *, device=None, resume: bool = False, progres
         optimizer.step()
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
-        step, position = step + 1, position + len(group)
+        step, position = step + 1, position + len(update)
         if position >= len(order):
             epoch, position = epoch + 1, 0
         window_loss, window_tokens = window_loss + loss, window_tokens + ntokens
         bar.update()
         bar.set_postfix(loss=f"{loss / ntokens:.3f}", lr=f"{lr:.2e}",
                         tokens_per_s=f"{window_tokens / max(time.perf_counter() - window_start, 1e-9):.0f}")
-        if step % recipe.eval_every == 0 or step == recipe.steps:
+        if writer and (step % recipe.eval_every == 0 or step == recipe.steps):
             now = time.perf_counter()
             valid = validation_loss(model, task.valid, recipe.max_tokens, device)
             last_metrics = {"step": step, "epoch": epoch, "train_loss": window_loss / window_tokens,
@@ -550,25 +660,32 @@ def train(recipe: Recipe, run_dir, *, device=None, resume: bool = False, progres
                 f.flush()
                 os.fsync(f.fileno())
             window_loss, window_tokens, window_start = 0.0, 0, time.perf_counter()
-        if step % recipe.checkpoint_every == 0 or step == end:
-            save_checkpoint(run_dir / "checkpoints" / f"step-{step:06d}.pt", {
-                "config": dataclasses.asdict(recipe.model), "recipe": recipe.to_dict(),
-                "src_vocab": task.src_vocab, "tgt_vocab": task.tgt_vocab, "vocab": task.vocab, "model": model.state_dict(),
-                "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "step": step,
-                "epoch": epoch, "position": position, "elapsed_s": time.perf_counter() - started,
-                "window": (window_loss, window_tokens),
-                "rng": {"cpu": torch.get_rng_state(),
-                        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}})
-            for old in _checkpoints(run_dir)[:-recipe.keep_checkpoints]:
-                old.unlink()
+        if step % recipe.checkpoint_every == 0 or step == end or due:
+            rng = _rng_state()
+            if world > 1:  # each process's random state, so that a resumed run draws the same dropout masks
+                states = [None] * world
+                torch.distributed.all_gather_object(states, (rng, _weights_digest(model)))
+                if len({digest for _, digest in states}) > 1:
+                    raise RuntimeError(f"the processes' copies of the model differ at update {step}; this is a bug")
+                rng = {"processes": [state for state, _ in states]}
+            if writer:
+                save_checkpoint(run_dir / "checkpoints" / f"step-{step:06d}.pt", {
+                    "config": dataclasses.asdict(recipe.model), "recipe": recipe.to_dict(),
+                    "src_vocab": task.src_vocab, "tgt_vocab": task.tgt_vocab, "vocab": task.vocab,
+                    "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+                    "step": step, "epoch": epoch, "position": position, "elapsed_s": time.perf_counter() - started,
+                    "window": (window_loss, window_tokens), "rng": rng, **({"world_size": world, "weights_digest": states[0][1]} if world > 1 else {})})
+                for old in _checkpoints(run_dir)[:-recipe.keep_checkpoints]:
+                    old.unlink()
+            saved_at = time.perf_counter()
     bar.close()
     summary = {"recipe": recipe.name, "device": str(device), "steps": step, "finished": step >= recipe.steps,
                "wall_time_s": time.perf_counter() - started, **({"final": last_metrics} if last_metrics else {})}
-    if step >= recipe.steps:
-        summary.update(task.evaluate(model.eval(), device))
-    write_json(run_dir / "summary.json", summary)
+    if writer:
+        if step >= recipe.steps:
+            summary.update(task.evaluate(model.eval(), device))
+        write_json(run_dir / "summary.json", summary)
     return summary
-
 
 def plot_metrics(run_dir, ax=None):
     """Plot a run's training and validation loss against the update step, from its metrics.jsonl (Matplotlib,

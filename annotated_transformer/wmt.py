@@ -374,6 +374,7 @@ def prepare_wmt14(out=None, corpora=tuple(WMT14_CORPORA), direction: str = "en-d
        `subword_sentences` of the kept sentences (all of them when there are fewer), and keep it as `subwords.model`.
     3. Encode the kept pairs into `TokenData` ("train"), dropping pairs of more than `max_subwords` pieces a side, and
        newstest2013 likewise ("valid").
+
     The manifest, `prepared.json`, is written last: a folder without it is incomplete and is never read. Running
     again redoes steps 1-3 (the downloads are kept, and resumed when cut short).
     """

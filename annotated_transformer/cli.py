@@ -123,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "(with its signature) and chrF. "
                     "With a checkpoint of a run, the scores also go into the run's summary.json and into --results.")
     _decoding_options(evaluate_cmd)
-    evaluate_cmd.add_argument("--split", default="test", choices=["valid", "test"], help="default: test (test2016)")
+    evaluate_cmd.add_argument("--split", default="test", choices=["valid", "test"], help="default: test (test2016); a WMT14 model is always scored on newstest2014")
     evaluate_cmd.add_argument("--results", type=Path, default=Path("results"),
                               help="folder for the results file (default: results)")
     evaluate_cmd.add_argument("--hypotheses", type=Path, help="also write the translations to this file")

@@ -606,12 +606,20 @@ def train(recipe: Recipe, run_dir, *, device=None, resume: bool = False, progres
     if compile:
         model.compile()  # in place: the module, its parameters and their names stay the same
     if world > 1:  # gradients are averaged over the processes after each update's last backward pass
-        learner = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        # (The only buffers, the positional encodings, are constant: nothing to send along at each step.)
+        learner = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                                      broadcast_buffers=False)
     else:
         learner = model
 
     autocast = device.type == "cuda" and torch.cuda.is_bf16_supported()
     src_lengths, tgt_lengths = pair_lengths(task.train)
+    if world > 1:  # every process must read the same data, or their shares of an epoch would not fit together
+        seen = [None] * world
+        torch.distributed.all_gather_object(seen, (len(src_lengths), sum(src_lengths), sum(tgt_lengths), task.src_vocab))
+        if len(set(seen)) > 1:
+            raise ValueError(f"the processes read different training data (pairs, source and target tokens, vocabulary:"
+                             f" {seen}); give every machine the same prepared data")
     last_metrics = {}
     started, window_start, saved_at = time.perf_counter() - elapsed, time.perf_counter(), time.perf_counter()
     end = recipe.steps if stop_after is None else min(recipe.steps, stop_after)

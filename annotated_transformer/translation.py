@@ -93,7 +93,10 @@ def _exclusive(folder: Path):
         return
     fd = os.open(folder, os.O_RDONLY)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:  # e.g. NFS, which cannot lock a folder: go on without (the checksum still guards the file)
+            pass
         yield
     finally:
         os.close(fd)  # closing releases the lock
@@ -125,33 +128,44 @@ def fetch(dataset: str, name: str, sha256: str, url: str, terms: str | None = No
             print(terms, file=sys.stderr)
             _terms_shown.add(dataset)
         partial = target.with_name(f".{name}.part")
-        try:
-            stream, start, size = _open_source(source, partial.stat().st_size if partial.exists() else 0)
-            digest = hashlib.sha256()
-            with stream, open(partial, "r+b" if partial.exists() else "wb") as dst:
-                while start and (chunk := dst.read(min(1 << 20, start - dst.tell()))):  # the part already here
-                    digest.update(chunk)
-                dst.seek(start)
-                dst.truncate()
-                with tqdm(total=size, initial=start, unit="B", unit_scale=True, desc=name,
-                          disable=not size or size < 1 << 25) as bar:
-                    while chunk := stream.read(1 << 20):
-                        digest.update(chunk)
-                        dst.write(chunk)
-                        bar.update(len(chunk))
-                dst.flush()
-                os.fsync(dst.fileno())
-        except (OSError, ValueError, http.client.HTTPException) as err:  # unreachable, refused, cut short, bad address
-            reason = getattr(err, "reason", None) or getattr(err, "strerror", None) or err
-            kept = "; run it again to continue the download" if partial.exists() and partial.stat().st_size else ""
-            raise DataError(f"could not get {source} ({reason}{kept}). Without network access, put {name} into "
-                            f"{target.parent}, or set AT_MIRROR to a folder that holds {dataset}/{name}") from None
-        if digest.hexdigest() != sha256:
-            partial.unlink()
-            raise DataError(f"{source} is not the expected file (sha256 {digest.hexdigest()}, expected {sha256}); "
-                            f"it was not kept. Check AT_MIRROR, or delete {target.parent} and try again")
+        for attempt in ("resume", "restart"):
+            found = _download(source, partial, name)
+            if found.removeprefix("resumed:") == sha256:
+                break
+            partial.unlink(missing_ok=True)
+            if attempt == "restart" or not found.startswith("resumed:"):
+                found = found.removeprefix("resumed:")
+                raise DataError(f"{source} is not the expected file (sha256 {found}, expected {sha256}); it was not "
+                                f"kept. Check AT_MIRROR, or the network, and try again")
         os.replace(partial, target)
     return target
+
+
+def _download(source: str, partial: Path, name: str) -> str:
+    """Download `source` into `partial`, continuing what `partial` already holds; returns the sha256 of the whole,
+    prefixed with "resumed:" when an earlier part was continued (if that part was bad, starting over may help)."""
+    try:
+        stream, start, size = _open_source(source, partial.stat().st_size if partial.exists() else 0)
+        digest = hashlib.sha256()
+        with stream, open(partial, "r+b" if partial.exists() else "wb") as dst:
+            while start and (chunk := dst.read(min(1 << 20, start - dst.tell()))):  # the part already here
+                digest.update(chunk)
+            dst.seek(start)
+            dst.truncate()
+            with tqdm(total=size, initial=start, unit="B", unit_scale=True, desc=name,
+                      disable=not size or size < 1 << 25) as bar:
+                while chunk := stream.read(1 << 20):
+                    digest.update(chunk)
+                    dst.write(chunk)
+                    bar.update(len(chunk))
+            dst.flush()
+            os.fsync(dst.fileno())
+    except (OSError, ValueError, http.client.HTTPException) as err:  # unreachable, refused, cut short, bad address
+        reason = getattr(err, "reason", None) or getattr(err, "strerror", None) or err
+        kept = "; run it again to continue the download" if partial.exists() and partial.stat().st_size else ""
+        raise DataError(f"could not get {source} ({reason}{kept}). Without network access, put {name} into "
+                        f"{partial.parent}, or set AT_MIRROR to a folder that holds {partial.parent.name}/{name}") from None
+    return ("resumed:" if start else "") + digest.hexdigest()
 
 def read_lines(path) -> list[str]:
     "The lines of a gzip-compressed UTF-8 text file, without their line ends."

@@ -4,9 +4,9 @@
 
 # %% auto #0
 __all__ = ['WMT14_URL', 'WMT14_CORPORA', 'WMT14_TEXT_FILES', 'NEWSTEST2014_FILTERED', 'WMT14_TERMS', 'WMT14_TEST_SETS',
-           'wmt14_file', 'load_wmt14_test', 'read_corpus', 'clean_pairs', 'Subwords', 'TokenData', 'prepared_folder',
-           'read_lines_stream', 'prepare_wmt14', 'read_manifest', 'SubwordTranslator', 'wmt14_data', 'tokenized_bleu',
-           'evaluate_wmt14', 'under_torchrun', 'process_group', 'torchrun_command', 'launch']
+           'wmt14_file', 'load_wmt14_test', 'read_corpus', 'clean_pairs', 'length_filter', 'Subwords', 'TokenData',
+           'prepared_folder', 'read_lines_stream', 'prepare_wmt14', 'read_manifest', 'SubwordTranslator', 'wmt14_data',
+           'tokenized_bleu', 'evaluate_wmt14', 'under_torchrun', 'process_group', 'torchrun_command', 'launch']
 
 # %% ../book/09_scaling_wmt.ipynb #e68b7502
 import array
@@ -190,35 +190,38 @@ def read_corpus(name: str, direction: str = "en-de"):
     archive, _, sha256, stem = WMT14_CORPORA[name]
     folder, file = archive.rsplit("/", 1)
     path = fetch("wmt14", file, sha256, f"{WMT14_URL}/{folder}", WMT14_TERMS)
-    with tarfile.open(path, "r:gz") as tar:
-        members = {m.name.removeprefix("./"): m for m in tar.getmembers()}
-        sides = [io.TextIOWrapper(tar.extractfile(members[f"{stem}.{lang}"]), encoding="utf-8", newline="\n")
-                 for lang in (src, tgt)]
+    # One reader of the archive per side: a compressed archive cannot jump back and forth between its two files
+    # without decompressing from the start again.
+    with tarfile.open(path, "r:gz") as src_tar, tarfile.open(path, "r:gz") as tgt_tar:
+        sides = [_member_lines(tar, f"{stem}.{lang}", path) for tar, lang in ((src_tar, src), (tgt_tar, tgt))]
         number = 0
         for number, (s, t) in enumerate(zip(*sides), 1):
-            yield s.rstrip("\r\n"), t.rstrip("\r\n")
-        if sides[0].readline() or sides[1].readline():
+            yield s, t
+        if next(sides[0], None) is not None or next(sides[1], None) is not None:
             raise DataError(f"{path}: {stem}.{src} and {stem}.{tgt} differ in length after {number} lines; the "
                             "two sides of a parallel corpus must match line by line")
 
+
+def _member_lines(tar: tarfile.TarFile, name: str, path: Path):
+    "The lines of the file `name` inside an archive, read in one pass (without their line ends)."
+    for member in tar:  # the archive is read front to back, so this finds the member without going back
+        if member.name.removeprefix("./") == name:
+            for line in io.TextIOWrapper(tar.extractfile(member), encoding="utf-8", newline="\n"):
+                yield line.rstrip("\r\n")
+            return
+    raise DataError(f"{path} has no file {name}; delete it and run again to download it anew")
+
 # %% ../book/09_scaling_wmt.ipynb #d2c8ec48
-def clean_pairs(pairs, counts: Counter, max_words: int = 250, max_ratio: float = 1.5):
-    """The sentence pairs that real pipelines keep, one at a time (Moses' clean-corpus-n, as in fairseq's WMT14
-    recipe, plus deduplication); `counts` counts what was read, kept and dropped, by reason. Whitespace is
-    normalised; a pair is dropped when a side is empty, longer than `max_words` words, when one side has more
-    than `max_ratio` times the words of the other, when both sides are the same text (left untranslated), or when
-    it repeats an earlier pair."""
+def clean_pairs(pairs, counts: Counter):
+    """The sentence pairs worth training on, one at a time; `counts` counts what was read, kept and dropped, by
+    reason. Whitespace is normalised; a pair is dropped when a side is empty, when both sides are the same text
+    (left untranslated), or when it repeats an earlier pair. Length limits come later, on subwords (`length_filter`)."""
     seen = set()
     for s, t in pairs:
         counts["read"] += 1
         s, t = " ".join(s.split()), " ".join(t.split())
-        ns, nt = len(s.split()), len(t.split())
-        if not ns or not nt:
+        if not s or not t:
             reason = "empty"
-        elif ns > max_words or nt > max_words:
-            reason = "too long"
-        elif max(ns, nt) > max_ratio * min(ns, nt):
-            reason = "length ratio"
         elif s == t:
             reason = "untranslated"
         elif (key := hashlib.blake2b(f"{s}\t{t}".encode(), digest_size=16).digest()) in seen:
@@ -229,6 +232,22 @@ def clean_pairs(pairs, counts: Counter, max_words: int = 250, max_ratio: float =
             yield s, t
             continue
         counts[reason] += 1
+
+
+def length_filter(pairs, counts: Counter, max_len: int = 250, max_ratio: float = 1.5):
+    """Pairs of token-id lists within Moses' `clean-corpus-n` limits, as fairseq's WMT14 recipe applies them to
+    subwords: at most `max_len` tokens a side, and neither side more than `max_ratio` times as long as the other.
+    `counts` counts the pairs dropped as "too long" and for "length ratio" (and takes them off "kept")."""
+    for s, t in pairs:
+        if len(s) > max_len or len(t) > max_len:
+            reason = "too long"
+        elif max(len(s), len(t)) > max_ratio * min(len(s), len(t)):
+            reason = "length ratio"
+        else:
+            yield s, t
+            continue
+        counts[reason] += 1
+        counts["kept"] -= 1
 
 # %% ../book/09_scaling_wmt.ipynb #ac97b7a8
 class Subwords:
@@ -247,14 +266,15 @@ class Subwords:
     @classmethod
     def train(cls, sentences, vocab_size: int, seed: int = 0) -> "Subwords":
         """Learn a byte-pair-encoding model of `vocab_size` pieces from `sentences` (§5.1: "a shared source-target
-        vocabulary"). Every character seen is kept (character coverage 1.0); the result depends only on the sentences."""
+        vocabulary"). The rarest characters (0.05% of the text) get no piece of their own: byte fallback spells them.
+        The result depends only on the sentences."""
         import sentencepiece as spm
 
         model = io.BytesIO()
         with _quiet_stderr():  # SentencePiece logs thousands of lines from C++
             spm.SentencePieceTrainer.train(
                 sentence_iterator=iter(sentences), model_writer=model, model_type="bpe", vocab_size=vocab_size,
-                character_coverage=1.0, byte_fallback=True, normalization_rule_name="identity",
+                character_coverage=0.9995, byte_fallback=True, normalization_rule_name="identity",
                 remove_extra_whitespaces=False, pad_id=PAD, bos_id=BOS, eos_id=EOS, unk_id=3, pad_piece="<pad>",
                 bos_piece="<s>", eos_piece="</s>", unk_piece="<unk>", input_sentence_size=0, shuffle_input_sentence=False,
                 num_threads=1, max_sentence_length=1 << 16, minloglevel=2)
@@ -352,8 +372,11 @@ class TokenData:
 
 # %% ../book/09_scaling_wmt.ipynb #789ad655
 def prepared_folder(data: str | None) -> Path:
-    "The folder of prepared data a recipe names: a path, or a name inside `data_dir()` (default \"wmt14-en-de\")."
-    return data_dir() / "wmt14-en-de" if data is None else data_dir() / data
+    """The folder of prepared data that a recipe's `data` names: a path (absolute, or with a "/" or a leading ".",
+    like `./wmt`), or else a name inside `data_dir()`; None is "wmt14-en-de" there."""
+    if data is None:
+        return data_dir() / "wmt14-en-de"
+    return Path(data) if Path(data).is_absolute() or "/" in data or data.startswith(".") else data_dir() / data
 
 
 def read_lines_stream(path):
@@ -364,7 +387,7 @@ def read_lines_stream(path):
 
 
 def prepare_wmt14(out=None, corpora=tuple(WMT14_CORPORA), direction: str = "en-de", vocab_size: int = 37_000,
-                  subword_sentences: int = 2_000_000, max_subwords: int = 256, seed: int = 0,
+                  subword_sentences: int = 2_000_000, max_len: int = 250, max_ratio: float = 1.5, seed: int = 0,
                   progress: bool = True) -> dict:
     """Prepare WMT14 English-German for training into `out` (default `data_dir()/wmt14-en-de`); returns the manifest.
 
@@ -372,8 +395,8 @@ def prepare_wmt14(out=None, corpora=tuple(WMT14_CORPORA), direction: str = "en-d
        with `clean_pairs`, and keep them as compressed text, counting what was dropped and why.
     2. Learn one SentencePiece BPE model of `vocab_size` pieces for both languages from a random sample of
        `subword_sentences` of the kept sentences (all of them when there are fewer), and keep it as `subwords.model`.
-    3. Encode the kept pairs into `TokenData` ("train"), dropping pairs of more than `max_subwords` pieces a side, and
-       newstest2013 likewise ("valid").
+    3. Encode the kept pairs into `TokenData` ("train"), keeping those within `length_filter`'s limits (`max_len`
+       subwords a side, length ratio `max_ratio`), and newstest2013 ("valid", every pair of at most `max_len`).
 
     The manifest, `prepared.json`, is written last: a folder without it is incomplete and is never read. Running
     again redoes steps 1-3 (the downloads are kept, and resumed when cut short).
@@ -408,27 +431,21 @@ def prepare_wmt14(out=None, corpora=tuple(WMT14_CORPORA), direction: str = "en-d
     (out / ".subwords.model.tmp").write_bytes(subwords.model)
     os.replace(out / ".subwords.model.tmp", out / "subwords.model")
     dtype = "uint16" if len(subwords) <= 1 << 16 else "int32"
-    too_long = Counter()
 
-    def encoded(pairs, split):
-        batch = []
-        for pair in itertools.chain(pairs, [None]):
-            if pair is not None:
-                batch.append(pair)
-            if len(batch) == 10_000 or (pair is None and batch):
-                for s, t in zip(subwords.encode([s for s, _ in batch]), subwords.encode([t for _, t in batch])):
-                    if len(s) > max_subwords or len(t) > max_subwords:
-                        too_long[split] += 1
-                    else:
-                        yield s, t
-                batch = []
+    def encoded(pairs):
+        pairs = iter(pairs)
+        while chunk := list(itertools.islice(pairs, 10_000)):  # SentencePiece is faster on many sentences per call
+            yield from zip(subwords.encode([s for s, _ in chunk]), subwords.encode([t for _, t in chunk]))
 
-    splits = {"train": TokenData.write(out, "train", encoded(zip(read_lines_stream(clean[0]), read_lines_stream(clean[1])),
-                                                                "train"), dtype),
-              "valid": TokenData.write(out, "valid", encoded(load_wmt14_test("newstest2013", direction), "valid"), dtype)}
+    train = length_filter(encoded(zip(read_lines_stream(clean[0]), read_lines_stream(clean[1]))), counts, max_len,
+                          max_ratio)
+    valid_counts = Counter()
+    valid = length_filter(encoded(load_wmt14_test("newstest2013", direction)), valid_counts, max_len, float("inf"))
+    splits = {"train": TokenData.write(out, "train", train, dtype), "valid": TokenData.write(out, "valid", valid, dtype)}
     manifest = {"dataset": "wmt14", "direction": direction, "corpora": list(corpora), "vocab_size": len(subwords),
-                "dtype": dtype, "max_subwords": max_subwords, "cleaning": dict(counts),
-                "too_many_subwords": dict(too_long), "pairs": splits, "seconds": round(time.perf_counter() - started, 1)}
+                "dtype": dtype, "max_len": max_len, "max_ratio": max_ratio, "cleaning": dict(counts),
+                "valid_too_long": valid_counts["too long"], "pairs": splits,
+                "seconds": round(time.perf_counter() - started, 1)}
     write_json(out / "prepared.json", manifest)
     return manifest
 
@@ -456,8 +473,8 @@ class SubwordTranslator(Translator):
         self.subwords = Subwords(vocab["model"])
 
     def source_ids(self, sentences: list[str]) -> list[list[int]]:
-        "The subword ids of each sentence."
-        return self.subwords.encode(sentences)
+        "The subword ids of each sentence, its whitespace normalised as in the training data."
+        return self.subwords.encode([" ".join(s.split()) for s in sentences])
 
     def decode(self, ids: list[int]) -> str:
         "The text of target subword ids."
@@ -546,6 +563,9 @@ def process_group(device=None):
     local_rank = int(os.environ["LOCAL_RANK"])
     device = torch.device(device) if device is not None else torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cuda":
+        if device.index is not None and int(os.environ.get("LOCAL_WORLD_SIZE", "1")) > 1:
+            raise ValueError(f"--device {device}: under torchrun each process takes the GPU numbered by its LOCAL_RANK;"
+                             " pass --device cuda (choose the GPUs with CUDA_VISIBLE_DEVICES)")
         device = torch.device("cuda", local_rank if device.index is None else device.index)
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
@@ -572,18 +592,17 @@ def launch(nproc: int, *args: str, timeout: float | None = None) -> str:
     return done.stdout
 
 # %% ../book/09_scaling_wmt.ipynb #05debc24
-# The paper's two models on WMT14 (§5.1-5.3, Table 3). A batch holds at most 4,096 tokens a side (padding included),
-# and updates gather about 25,000 a side whatever the number of GPUs: on 8 GPUs one batch each, on one GPU 7 in
-# a row (`accumulation_steps`). Checkpoints every 10 minutes, as in §6.1; evaluation averages the last 5 (base) or
-# 20 (big).
+# The paper's two models on WMT14 (§5.1-5.3, Table 3). A batch holds at most 3,125 tokens a side (padding included),
+# and an update 25,000 a side on 1, 2, 4 or 8 GPUs: one batch each on 8 GPUs, 8 in a row on one
+# (`accumulation_steps`). Checkpoints every 10 minutes, as in §6.1; evaluation averages the last 5 (base) or 20 (big).
 RECIPES["wmt14-base"] = Recipe(
     name="wmt14-base", task="wmt14", direction="en-de", data="wmt14-en-de", model=TransformerConfig(),
-    max_tokens=4096, tokens_per_update=25_000, steps=100_000, warmup=4000, factor=1.0, eval_every=1000,
+    max_tokens=3125, tokens_per_update=25_000, steps=100_000, warmup=4000, factor=1.0, eval_every=1000,
     checkpoint_every=100_000, checkpoint_minutes=10, keep_checkpoints=5, average_checkpoints=5)
 RECIPES["wmt14-big"] = Recipe(
     name="wmt14-big", task="wmt14", direction="en-de", data="wmt14-en-de",
     model=TransformerConfig(d_model=1024, d_ff=4096, h=16, dropout=0.3),
-    max_tokens=4096, tokens_per_update=25_000, steps=300_000, warmup=4000, factor=1.0, eval_every=1000,
+    max_tokens=3125, tokens_per_update=25_000, steps=300_000, warmup=4000, factor=1.0, eval_every=1000,
     checkpoint_every=300_000, checkpoint_minutes=10, keep_checkpoints=20, average_checkpoints=20)
 # The chapter's live run: the 10,000-pair sample, a small model, two processes on a 2-core CPU in a few minutes.
 # It runs every line of the distributed path; it does not learn to translate news.

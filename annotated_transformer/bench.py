@@ -10,7 +10,6 @@ __all__ = ['PEAK_BF16_FLOPS', 'use_path', 'straightforward_batches', 'summarize'
 import ctypes
 import dataclasses
 import gc
-import os
 import random
 import re
 import statistics
@@ -22,7 +21,7 @@ from torch.utils.flop_counter import FlopCounterMode, flop_registry, register_fl
 
 from .model import EncoderDecoder, TransformerConfig, make_model
 from .multi_head import MultiHeadedAttention
-from .training import (PAD, RECIPES, LabelSmoothing, accumulate_gradients, batches_of,
+from .training import (PAD, RECIPES, LabelSmoothing, accumulate_gradients, atomic_file, batches_of,
                                             default_device, load_task, padding_fraction, token_batches, write_json)
 from .translation import Translator, _commit, _device_name, decode_batches, load_multi30k
 
@@ -417,10 +416,6 @@ def write_benchmark(result: dict, out_dir="results") -> tuple[Path, Path]:
     stem = out_dir / f"bench-{device_slug(result['device_name'])}"
     write_json(stem.with_suffix(".json"), result)
     table = stem.with_suffix(".md")
-    tmp = table.with_name(f".{table.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text)
-        tmp.replace(table)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with atomic_file(table) as f:
+        f.write(text.encode())
     return stem.with_suffix(".json"), table

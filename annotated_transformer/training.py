@@ -5,9 +5,10 @@
 # %% auto #0
 __all__ = ['PAD', 'BOS', 'EOS', 'CHECKPOINT_FORMAT', 'RECIPES', 'TASKS', 'copy_task', 'Batch', 'pad_sequences', 'token_batches',
            'padding_fraction', 'rate', 'make_optimizer', 'LabelSmoothing', 'accumulate_gradients', 'greedy_decode',
-           'CheckpointError', 'save_checkpoint', 'load_checkpoint', 'model_from_checkpoint', 'Recipe', 'default_device',
-           'write_json', 'pair_lengths', 'batches_of', 'validation_loss', 'Task', 'copy_exact_match', 'copy_data',
-           'load_task', 'rank_and_world_size', 'accumulation_steps', 'split_for_processes', 'train', 'plot_metrics']
+           'CheckpointError', 'atomic_file', 'save_checkpoint', 'load_checkpoint', 'model_from_checkpoint', 'Recipe',
+           'default_device', 'write_json', 'pair_lengths', 'batches_of', 'validation_loss', 'Task', 'copy_exact_match',
+           'copy_data', 'load_task', 'rank_and_world_size', 'accumulation_steps', 'split_for_processes', 'train',
+           'plot_metrics']
 
 # %% ../book/06_training.ipynb #b9032c27
 import contextlib
@@ -239,20 +240,29 @@ class CheckpointError(RuntimeError):
     "A checkpoint that cannot be used: unreadable, unsafe, or written for something else."
 
 
-def save_checkpoint(path, state: dict) -> Path:
-    """Write `state` to `path` atomically: into a temporary file in the same folder, flushed to disk, then
-    renamed over `path`. An interrupted save leaves the previous file (or none), never a truncated one."""
+@contextlib.contextmanager
+def atomic_file(path):
+    """Write the file `path` atomically: the block writes into a temporary file in the same folder (opened for
+    binary writing), which is flushed to disk and renamed over `path` only when the block completes. An
+    interruption leaves the previous file (or none), never a truncated one."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "wb") as f:
-            torch.save({"format": CHECKPOINT_FORMAT, "package_version": __version__, **state}, f)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def save_checkpoint(path, state: dict) -> Path:
+    "Write `state` to `path` atomically (`atomic_file`), creating its folder if needed."
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_file(path) as f:
+        torch.save({"format": CHECKPOINT_FORMAT, "package_version": __version__, **state}, f)
     return path
 
 
@@ -393,16 +403,9 @@ def default_device() -> torch.device:
 
 def write_json(path, data) -> None:
     "Write JSON atomically (temporary file flushed to disk, then renamed); NaN or infinity is refused."
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "w") as f:
-            f.write(json.dumps(data, indent=2, allow_nan=False) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    text = json.dumps(data, indent=2, allow_nan=False) + "\n"  # before opening: a refused value leaves no file
+    with atomic_file(path) as f:
+        f.write(text.encode())
 
 
 def pair_lengths(pairs) -> tuple[list[int], list[int]]:

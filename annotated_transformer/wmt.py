@@ -32,7 +32,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from .model import EncoderDecoder, TransformerConfig
-from .training import BOS, EOS, PAD, RECIPES, TASKS, Recipe, Task, write_json
+from .training import BOS, EOS, PAD, RECIPES, TASKS, Recipe, Task, atomic_file, write_json
 from .translation import (
     TRANSLATORS, DataError, Translator, corpus_scores, data_dir, fetch, read_lines, read_parallel)
 
@@ -146,15 +146,8 @@ def wmt14_file(name: str) -> Path:
         raise DataError(f"the published text of {name} ({source}) is not the expected one (sha256 {found}, "
                         f"expected {text_sha256}); set AT_MIRROR to a folder holding wmt14/{name}")
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(gzip.compress(text.encode("utf-8")))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with atomic_file(target) as f:
+        f.write(gzip.compress(text.encode("utf-8")))
     return target
 
 
@@ -347,27 +340,14 @@ class TokenData:
     def write(folder, split: str, pairs, dtype: str) -> int:
         """Write pairs of id lists as `split` into `folder`, each file atomically; returns the number of pairs."""
         folder = Path(folder)
-        paths = [folder / f"{split}.src.bin", folder / f"{split}.tgt.bin", folder / f"{split}.offsets.npy"]
-        tmps = [p.with_name(f".{p.name}.{os.getpid()}.tmp") for p in paths]
         ends = array.array("q", [0, 0])  # running totals: where each pair ends on each side
-        try:
-            with open(tmps[0], "wb") as src, open(tmps[1], "wb") as tgt:
-                for s, t in pairs:
-                    np.asarray(s, dtype=dtype).tofile(src)
-                    np.asarray(t, dtype=dtype).tofile(tgt)
-                    ends.extend((ends[-2] + len(s), ends[-1] + len(t)))
-                for f in (src, tgt):
-                    f.flush()
-                    os.fsync(f.fileno())
-            with open(tmps[2], "wb") as f:
-                np.save(f, np.frombuffer(ends, dtype=np.int64).reshape(-1, 2))
-                f.flush()
-                os.fsync(f.fileno())
-            for tmp, path in zip(tmps, paths):
-                os.replace(tmp, path)
-        finally:
-            for tmp in tmps:
-                tmp.unlink(missing_ok=True)
+        with atomic_file(folder / f"{split}.src.bin") as src, atomic_file(folder / f"{split}.tgt.bin") as tgt:
+            for s, t in pairs:
+                np.asarray(s, dtype=dtype).tofile(src)
+                np.asarray(t, dtype=dtype).tofile(tgt)
+                ends.extend((ends[-2] + len(s), ends[-1] + len(t)))
+        with atomic_file(folder / f"{split}.offsets.npy") as f:  # last: offsets that match the token files
+            np.save(f, np.frombuffer(ends, dtype=np.int64).reshape(-1, 2))
         return len(ends) // 2 - 1
 
 # %% ../book/09_scaling_wmt.ipynb #789ad655
@@ -407,29 +387,23 @@ def prepare_wmt14(out=None, corpora=tuple(WMT14_CORPORA), direction: str = "en-d
     src_lang, tgt_lang = direction.split("-")
     counts, rng, sample, seen = Counter(), random.Random(seed), [], 0
     clean = [out / f"train.clean.{lang}.gz" for lang in (src_lang, tgt_lang)]
-    tmps = [p.with_name(f".{p.name}.{os.getpid()}.tmp") for p in clean]
     started = time.perf_counter()
-    try:
-        with gzip.open(tmps[0], "wt", encoding="utf-8") as fs, gzip.open(tmps[1], "wt", encoding="utf-8") as ft:
-            pairs = (pair for name in corpora for pair in read_corpus(name, direction))
-            for s, t in tqdm(clean_pairs(pairs, counts), desc="cleaning", unit=" pairs", disable=not progress):
-                fs.write(s + "\n")
-                ft.write(t + "\n")
-                for sentence in (s, t):  # reservoir sampling: every kept sentence equally likely to be chosen
-                    seen += 1
-                    if len(sample) < subword_sentences:
-                        sample.append(sentence)
-                    elif (j := rng.randrange(seen)) < subword_sentences:
-                        sample[j] = sentence
-        for tmp, path in zip(tmps, clean):
-            os.replace(tmp, path)
-    finally:
-        for tmp in tmps:
-            tmp.unlink(missing_ok=True)
+    with atomic_file(clean[0]) as src_file, atomic_file(clean[1]) as tgt_file, \
+            gzip.open(src_file, "wt", encoding="utf-8") as fs, gzip.open(tgt_file, "wt", encoding="utf-8") as ft:
+        pairs = (pair for name in corpora for pair in read_corpus(name, direction))
+        for s, t in tqdm(clean_pairs(pairs, counts), desc="cleaning", unit=" pairs", disable=not progress):
+            fs.write(s + "\n")
+            ft.write(t + "\n")
+            for sentence in (s, t):  # reservoir sampling: every kept sentence equally likely to be chosen
+                seen += 1
+                if len(sample) < subword_sentences:
+                    sample.append(sentence)
+                elif (j := rng.randrange(seen)) < subword_sentences:
+                    sample[j] = sentence
     subwords = Subwords.train(sample, vocab_size, seed)
     del sample
-    (out / ".subwords.model.tmp").write_bytes(subwords.model)
-    os.replace(out / ".subwords.model.tmp", out / "subwords.model")
+    with atomic_file(out / "subwords.model") as f:
+        f.write(subwords.model)
     dtype = "uint16" if len(subwords) <= 1 << 16 else "int32"
 
     def encoded(pairs):

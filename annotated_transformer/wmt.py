@@ -187,12 +187,11 @@ def read_corpus(name: str, direction: str = "en-de"):
     # without decompressing from the start again.
     with tarfile.open(path, "r:gz") as src_tar, tarfile.open(path, "r:gz") as tgt_tar:
         sides = [_member_lines(tar, f"{stem}.{lang}", path) for tar, lang in ((src_tar, src), (tgt_tar, tgt))]
-        number = 0
-        for number, (s, t) in enumerate(zip(*sides), 1):
+        for number, (s, t) in enumerate(itertools.zip_longest(*sides), 1):
+            if s is None or t is None:  # one side ended first
+                raise DataError(f"{path}: {stem}.{src} and {stem}.{tgt} differ in length after {number - 1} lines; "
+                                "the two sides of a parallel corpus must match line by line")
             yield s, t
-        if next(sides[0], None) is not None or next(sides[1], None) is not None:
-            raise DataError(f"{path}: {stem}.{src} and {stem}.{tgt} differ in length after {number} lines; the "
-                            "two sides of a parallel corpus must match line by line")
 
 
 def _member_lines(tar: tarfile.TarFile, name: str, path: Path):
@@ -514,7 +513,7 @@ def evaluate_wmt14(translator: Translator, beam_size: int = 4, alpha: float = 0.
     full = corpus_scores(hypotheses, references)
     filtered = corpus_scores([hypotheses[i] for i in chosen], [references[i] for i in chosen])
     return {"dataset": "wmt14", "split": "newstest2014", "direction": translator.direction, "beam_size": beam_size,
-            "alpha": alpha, "extra_len": extra_len, "lines": len(pairs), "full_limited": limit is not None,
+            "alpha": alpha, "extra_len": extra_len, "lines": len(pairs), "limit": limit,
             "bleu_full": full["bleu"], "bleu_filtered": filtered["bleu"], "bleu_signature": full["bleu_signature"],
             "chrf_full": full["chrf"], "tokenized_bleu_filtered": tokenized_bleu(
                 [hypotheses[i] for i in chosen], [references[i] for i in chosen], translator.tgt_lang),

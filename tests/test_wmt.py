@@ -141,6 +141,18 @@ def test_a_training_corpus_is_read_from_its_archive_in_one_pass(tmp_path, cache,
     assert list(read_corpus("news-commentary-v9")) == list(zip(lines["en"], lines["de"]))
     assert rewinds == []
     assert list(read_corpus("news-commentary-v9", "de-en"))[5] == ("de sentence 5", "en sentence 5")
+    # the source side one line longer (the case a plain zip would swallow): an error, not a shorter corpus
+    lines["en"].append("one line too many")
+    with tarfile.open(archive, "w:gz") as tar:
+        for lang in ("de", "en"):
+            data = ("\n".join(lines[lang]) + "\n").encode()
+            info = tarfile.TarInfo(f"training/news-commentary-v9.de-en.{lang}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    monkeypatch.setitem(wmt.WMT14_CORPORA, "news-commentary-v9", (entry[0], 0, sha(archive.read_bytes()), entry[3]))
+    (cache / "wmt14" / "training-parallel-nc-v9.tgz").unlink()
+    with pytest.raises(DataError, match="differ in length after 20000 lines"):
+        list(read_corpus("news-commentary-v9"))
 
 
 @needs_mirror

@@ -17,7 +17,8 @@ from .training import (Batch, CheckpointError, LabelSmoothing, Recipe, RECIPES, 
 from .translation import (DataError, Hypothesis, IncrementalDecoder, Translator, Vocab, WordTokenizer,
                           average_checkpoints, beam_search, cached_run, corpus_scores, decode_batches,
                           evaluate_translator, fetch, greedy_search, length_penalty, load_multi30k)
-from .bench import bench_table, bench_training, bench_translation, run_benchmark, use_path, write_benchmark
+from .bench import (bench_table, bench_training, bench_translation, decoding_time_split, run_benchmark, use_path,
+                    write_benchmark)
 from .viz import (CapturedAttention, attention_chart, attention_explorer, attention_overview, capture_attention,
                   head_statistics, head_statistics_chart, uniform_attention)
 from .wmt import (Subwords, SubwordTranslator, TokenData, clean_pairs, evaluate_wmt14, launch, load_wmt14_test,

@@ -4,9 +4,11 @@
 
 # %% auto #0
 __all__ = ['PEAK_BF16_FLOPS', 'use_path', 'straightforward_batches', 'summarize', 'PeakMemory', 'peak_flops', 'training_flops',
-           'bench_training', 'bench_translation', 'device_slug', 'run_benchmark', 'bench_table', 'write_benchmark']
+           'bench_training', 'decoding_time_split', 'bench_translation', 'device_slug', 'run_benchmark', 'bench_table',
+           'write_benchmark']
 
 # %% ../book/10_speed.ipynb #0a0a39ee
+import contextlib
 import ctypes
 import dataclasses
 import gc
@@ -23,7 +25,8 @@ from .model import EncoderDecoder, TransformerConfig, make_model
 from .multi_head import MultiHeadedAttention
 from .training import (PAD, RECIPES, LabelSmoothing, accumulate_gradients, atomic_file, batches_of,
                                             default_device, load_task, padding_fraction, token_batches, write_json)
-from .translation import Translator, _commit, _device_name, decode_batches, load_multi30k
+from .translation import (IncrementalDecoder, Translator, _commit, _device_name, decode_batches,
+                                               load_multi30k)
 
 # %% ../book/10_speed.ipynb #70b381b4
 def use_path(model: EncoderDecoder, fast: bool) -> None:
@@ -234,6 +237,55 @@ if _CPU_ATTENTION not in flop_registry:
         return sdpa_flop_count(query_shape, key_shape, value_shape)
 
 
+@contextlib.contextmanager
+def _clocked(owner, name: str, totals: dict, key: str, device: torch.device):
+    "Inside the block, every call of `owner.name` (a class's method, or one module's `forward`) adds its time to totals[key]."
+    own = name in vars(owner)
+    original, saved = getattr(owner, name), vars(owner).get(name)
+
+    def timed(*args, **kwargs):
+        _sync(device)
+        start = time.perf_counter()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            _sync(device)
+            totals[key] += time.perf_counter() - start
+
+    setattr(owner, name, timed)
+    try:
+        yield
+    finally:
+        if own:
+            setattr(owner, name, saved)
+        else:
+            delattr(owner, name)  # the instance's own attribute goes: its class's method is seen again
+
+
+def decoding_time_split(model: EncoderDecoder, sources, batch_size: int, beam_size: int, cache: bool) -> dict:
+    """Where the time of one `decode_batches` run goes, in seconds. "encoder": the encoder. "decoder": the
+    decoder's layers (over the whole prefix at every step without the cache; over the newest position with it,
+    plus reordering the cache as the search keeps, reorders and drops rows). "output_layer": the projection to the
+    target vocabulary and its log-softmax. "search": the rest, choosing the next tokens and keeping the
+    hypotheses. "total": the whole run. The encoder, the output layer and the search do the same work on both
+    paths; only the decoder's share is what a cache can shrink. Every timed call is bracketed by a wait for the
+    device, so on a GPU this run is slower than an untimed one: read the split for its proportions."""
+    device = next(model.parameters()).device
+    totals = dict.fromkeys(("encoder", "output_layer", "step", "select"), 0.0)
+    with contextlib.ExitStack() as clocks:
+        for owner, name, key in ((model.encoder, "forward", "encoder"), (model.generator, "forward", "output_layer"),
+                                 (IncrementalDecoder, "step", "step"), (IncrementalDecoder, "select", "select")):
+            clocks.enter_context(_clocked(owner, name, totals, key, device))
+        _sync(device)
+        start = time.perf_counter()
+        decode_batches(model, sources, batch_size, beam_size, cache=cache)
+        _sync(device)
+        total = time.perf_counter() - start
+    decoder = totals["step"] - totals["output_layer"] + totals["select"]  # the output layer runs inside a step
+    return {"encoder": totals["encoder"], "decoder": decoder, "output_layer": totals["output_layer"],
+            "search": total - totals["encoder"] - totals["step"] - totals["select"], "total": total}
+
+
 def _decode(model: EncoderDecoder, sources, batch_size: int, beam_size: int, cache: bool) -> list[list[int]]:
     "`decode_batches` with §6.1's settings, finished on the device before it returns (so that timing it means something)."
     out = decode_batches(model, sources, batch_size, beam_size, cache=cache)
@@ -249,8 +301,8 @@ def bench_translation(model: EncoderDecoder, sources, device, batch_sizes=(1, 64
     them to decode (default: all). Output tokens (with </s>) per second and sentences per second, the median
     of `repeats`, with the cached and uncached runs of each setting interleaved, so that a slow spell of the
     machine hits both. Tokenization is left out: it is the same for both. Also records the FLOPs of one run
-    (counted by PyTorch's `FlopCounterMode`), the peak memory, and whether both paths produced the same
-    translations.
+    (counted by PyTorch's `FlopCounterMode`), the peak memory, whether both paths produced the same
+    translations, and where the time of one more run went (`decoding_time_split`).
     """
     device = torch.device(device)
     model = model.to(device).eval()
@@ -277,7 +329,8 @@ def bench_translation(model: EncoderDecoder, sources, device, batch_sizes=(1, 64
                         "tokens_per_s": summarize(tokens / s for s in times[b, k, cache]),
                         "sentences_per_s": summarize(n / s for s in times[b, k, cache]),
                         "flops": counter.get_total_flops(), "peak_memory_bytes": memory[b, k, cache],
-                        "same_as_other_path": sum(x == y for x, y in zip(outputs[b, k, True], outputs[b, k, False])) / n})
+                        "same_as_other_path": sum(x == y for x, y in zip(outputs[b, k, True], outputs[b, k, False])) / n,
+                        "seconds": decoding_time_split(model, subset[b], b, k, cache)})
     return results
 
 # %% ../book/10_speed.ipynb #a5bca1bb
@@ -359,6 +412,10 @@ def run_benchmark(device=None, checkpoint=None, repeats: int = 3, updates: int |
             other = next(c for c in cases if c["beam_size"] == case["beam_size"] and not c["cache"])
             case["speedup"] = case["tokens_per_s"]["median"] / other["tokens_per_s"]["median"]
             case["flop_ratio"] = other["flops"] / case["flops"]
+            # The most a cache could give here: the speed-up if the cached run's decoder share cost nothing (the
+            # shares come from the clocked run, the speed-up from the timed ones).
+            shared = 1 - case["seconds"]["decoder"] / case["seconds"]["total"]
+            case["speedup_bound"] = case["speedup"] / shared if case["cache"] else None
         translation += cases
     result["translation"] = translation
     result["translation_model"] = {"checkpoint": [str(p) for p in checkpoint], "config": translator.model.config.__dict__,
@@ -376,6 +433,10 @@ def _rate(stats: dict) -> str:
 
 def _bytes(n: int | None) -> str:
     return "–" if n is None else f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:,.0f} MiB"
+
+
+def _decoding(case: dict) -> str:
+    return "greedy" if case["beam_size"] == 1 else f"beam {case['beam_size']}"
 
 
 def bench_table(result: dict) -> str:
@@ -401,10 +462,21 @@ def bench_table(result: dict) -> str:
     lines += ["| batch | decoding | cache | target tokens/s | sentences/s | × uncached | GFLOP | FLOPs saved "
               "| same translations | peak memory |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in result["translation"]:
-        lines.append(f"| {r['batch_size']} | {'greedy' if r['beam_size'] == 1 else 'beam ' + str(r['beam_size'])} | "
+        lines.append(f"| {r['batch_size']} | {_decoding(r)} | "
                      f"{'yes' if r['cache'] else 'no'} | {_rate(r['tokens_per_s'])} | {_rate(r['sentences_per_s'])} | "
                      f"{r['speedup']:.2f}× | {r['flops'] / 1e9:,.1f} | {r['flop_ratio']:.1f}× | "
                      f"{100 * r['same_as_other_path']:.0f}% | {_bytes(r['peak_memory_bytes'])} |")
+    lines += ["", "Where the time of one more run of each case went, in seconds, clocked part by part (only the "
+              "decoder's work differs between the paths). The last column is the most any cache could give: the "
+              "speed-up above if the cached decoder's share took no time at all.", "",
+              "| batch | decoding | cache | encoder | decoder | output layer | search | total | × uncached, at most |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for r in result["translation"]:
+        s = r["seconds"]
+        bound = f"{r['speedup_bound']:.1f}×" if r["cache"] else "–"
+        lines.append(f"| {r['batch_size']} | {_decoding(r)} | "
+                     f"{'yes' if r['cache'] else 'no'} | {s['encoder']:.2f} | {s['decoder']:.2f} | "
+                     f"{s['output_layer']:.2f} | {s['search']:.2f} | {s['total']:.2f} | {bound} |")
     return "\n".join(lines)
 
 

@@ -1,5 +1,6 @@
 """The benchmark (chapter 10) and the fast paths it times: each fast path computes what the educational one does."""
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -8,11 +9,13 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from annotated_transformer import (MultiHeadedAttention, RECIPES, IncrementalDecoder, TransformerConfig, make_model,
                                    subsequent_mask, train)
-from annotated_transformer.bench import (PeakMemory, bench_table, bench_training, bench_translation, device_slug,
-                                         peak_flops, run_benchmark, straightforward_batches, summarize,
-                                         training_flops, use_path, write_benchmark)
+from annotated_transformer.bench import (PeakMemory, bench_table, bench_training, bench_translation,
+                                         decoding_time_split, device_slug, peak_flops, run_benchmark,
+                                         straightforward_batches, summarize, training_flops, use_path,
+                                         write_benchmark)
 from annotated_transformer.cli import main
 from annotated_transformer.training import BOS, EOS, PAD, Batch, LabelSmoothing, copy_task, pad_sequences
+from annotated_transformer.translation import decode_batches
 
 TINY = TransformerConfig(N=1, d_model=32, d_ff=64, h=2)
 
@@ -231,6 +234,37 @@ def test_translation_benchmark_compares_identical_outputs():
         assert cached["flops"] < uncached["flops"]
 
 
+
+@pytest.mark.parametrize("cache", [True, False])
+def test_the_time_split_puts_each_part_in_its_place_and_removes_its_clocks(cache):
+    """A slow output layer (a sleep in every call) must land in "output_layer", not in the decoder's share or the
+    search's, although it runs inside the decoder's steps; afterwards the decoder, the modules and the outputs are
+    as they were."""
+    model = _sharp_model(6).float()
+    sources = [torch.randint(4, 30, (n,), generator=torch.Generator().manual_seed(n)).tolist() + [EOS]
+               for n in (3, 9, 5, 12, 7)]
+    expected = decode_batches(model, sources, 4, 2, cache=cache)
+    calls, pause = [], 0.02
+    forward = model.generator.forward
+
+    def slow_forward(x):
+        calls.append(x.size(0))
+        time.sleep(pause)
+        return forward(x)
+
+    model.generator.forward = slow_forward
+    step, select = vars(IncrementalDecoder)["step"], vars(IncrementalDecoder)["select"]
+    split = decoding_time_split(model, sources, 4, 2, cache)
+    slept = pause * len(calls)
+    assert split["output_layer"] >= slept > 0
+    assert split["decoder"] + split["search"] + split["encoder"] < slept  # a tiny model: far below the sleeps
+    assert min(split.values()) > 0 and split["total"] >= split["output_layer"] + split["decoder"] + split["encoder"]
+    assert model.generator.forward is slow_forward and "forward" not in vars(model.encoder)
+    assert vars(IncrementalDecoder)["step"] is step and vars(IncrementalDecoder)["select"] is select
+    del model.generator.forward
+    assert decode_batches(model, sources, 4, 2, cache=cache) == expected
+
+
 @pytest.fixture(scope="module")
 def tiny_translator(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("runs") / "multi30k-tiny"
@@ -254,11 +288,14 @@ def test_the_whole_benchmark_writes_results_and_a_table(tiny_translator, tmp_pat
         other = next(o for o in result["translation"] if (o["batch_size"], o["beam_size"], o["cache"]) ==
                      (r["batch_size"], r["beam_size"], False))
         assert r["speedup"] == pytest.approx(r["tokens_per_s"]["median"] / other["tokens_per_s"]["median"])
+        shared = 1 - r["seconds"]["decoder"] / r["seconds"]["total"]  # what a free decoder would leave
+        assert r["speedup_bound"] == (pytest.approx(r["speedup"] / shared) if r["cache"] else None)
+        assert r["speedup_bound"] is None or r["speedup_bound"] > r["speedup"]
     json_path, table_path = write_benchmark(result, tmp_path / "results")
     assert json_path.name == f"bench-{device_slug(result['device_name'])}.json"
     assert json.loads(json_path.read_text())["translation"] == result["translation"]
     table = table_path.read_text()
-    assert result["device_name"] in table and table.count("\n| ") == 2 + 8 + 2  # rows and header rows
+    assert result["device_name"] in table and table.count("\n| ") == 2 + 8 + 2 + 8 + 1  # rows and header rows
     assert not list((tmp_path / "results").glob(".*"))  # no temporary files left
 
 

@@ -234,7 +234,6 @@ def test_translation_benchmark_compares_identical_outputs():
         assert cached["flops"] < uncached["flops"]
 
 
-
 @pytest.mark.parametrize("cache", [True, False])
 def test_the_time_split_puts_each_part_in_its_place_and_removes_its_clocks(cache):
     """A slow output layer (a sleep in every call) must land in "output_layer", not in the decoder's share or the

@@ -263,27 +263,29 @@ def _clocked(owner, name: str, totals: dict, key: str, device: torch.device):
 
 
 def decoding_time_split(model: EncoderDecoder, sources, batch_size: int, beam_size: int, cache: bool) -> dict:
-    """Where the time of one `decode_batches` run goes, in seconds. "encoder": the encoder. "decoder": the
-    decoder's layers (over the whole prefix at every step without the cache; over the newest position with it,
-    plus reordering the cache as the search keeps, reorders and drops rows). "output_layer": the projection to the
-    target vocabulary and its log-softmax. "search": the rest, choosing the next tokens and keeping the
-    hypotheses. "total": the whole run. The encoder, the output layer and the search do the same work on both
-    paths; only the decoder's share is what a cache can shrink. Every timed call is bracketed by a wait for the
-    device, so on a GPU this run is slower than an untimed one: read the split for its proportions."""
+    """Where the time of one `decode_batches` run goes, in seconds. "encoder": the encoder's layers. "decoder":
+    the decoder (over the whole prefix at every step without the cache; with it, over the newest position, plus
+    setting up the cache for each batch and reordering it as the search keeps, reorders and drops rows).
+    "output_layer": the projection to the target vocabulary and its log-softmax. "search": the rest (choosing
+    the next tokens, keeping the hypotheses, padding each batch, the source embeddings). "total": the whole
+    run. The encoder, the output layer and the search do the same work on both paths; only the decoder's share
+    is what a cache can shrink. Every timed call is bracketed by a wait for the device, so on a GPU this run is
+    slower than an untimed one: read the split for its proportions."""
     device = next(model.parameters()).device
-    totals = dict.fromkeys(("encoder", "output_layer", "step", "select"), 0.0)
+    totals = dict.fromkeys(("encoder", "output_layer", "step", "decoder"), 0.0)
     with contextlib.ExitStack() as clocks:
         for owner, name, key in ((model.encoder, "forward", "encoder"), (model.generator, "forward", "output_layer"),
-                                 (IncrementalDecoder, "step", "step"), (IncrementalDecoder, "select", "select")):
+                                 (IncrementalDecoder, "step", "step"), (IncrementalDecoder, "__init__", "decoder"),
+                                 (IncrementalDecoder, "select", "decoder")):
             clocks.enter_context(_clocked(owner, name, totals, key, device))
         _sync(device)
         start = time.perf_counter()
         decode_batches(model, sources, batch_size, beam_size, cache=cache)
         _sync(device)
         total = time.perf_counter() - start
-    decoder = totals["step"] - totals["output_layer"] + totals["select"]  # the output layer runs inside a step
+    decoder = totals["step"] - totals["output_layer"] + totals["decoder"]  # the output layer runs inside a step
     return {"encoder": totals["encoder"], "decoder": decoder, "output_layer": totals["output_layer"],
-            "search": total - totals["encoder"] - totals["step"] - totals["select"], "total": total}
+            "search": total - totals["encoder"] - totals["step"] - totals["decoder"], "total": total}
 
 
 def _decode(model: EncoderDecoder, sources, batch_size: int, beam_size: int, cache: bool) -> list[list[int]]:
@@ -412,10 +414,10 @@ def run_benchmark(device=None, checkpoint=None, repeats: int = 3, updates: int |
             other = next(c for c in cases if c["beam_size"] == case["beam_size"] and not c["cache"])
             case["speedup"] = case["tokens_per_s"]["median"] / other["tokens_per_s"]["median"]
             case["flop_ratio"] = other["flops"] / case["flops"]
-            # The most a cache could give here: the speed-up if the cached run's decoder share cost nothing (the
-            # shares come from the clocked run, the speed-up from the timed ones).
-            shared = 1 - case["seconds"]["decoder"] / case["seconds"]["total"]
-            case["speedup_bound"] = case["speedup"] / shared if case["cache"] else None
+            # The most a cache could give here: the uncached run's time over what the cached run would take if its
+            # decoder cost nothing (both from the clocked runs).
+            shared = case["seconds"]["total"] - case["seconds"]["decoder"]
+            case["speedup_bound"] = other["seconds"]["total"] / shared if case["cache"] else None
         translation += cases
     result["translation"] = translation
     result["translation_model"] = {"checkpoint": [str(p) for p in checkpoint], "config": translator.model.config.__dict__,
@@ -466,9 +468,9 @@ def bench_table(result: dict) -> str:
                      f"{'yes' if r['cache'] else 'no'} | {_rate(r['tokens_per_s'])} | {_rate(r['sentences_per_s'])} | "
                      f"{r['speedup']:.2f}× | {r['flops'] / 1e9:,.1f} | {r['flop_ratio']:.1f}× | "
                      f"{100 * r['same_as_other_path']:.0f}% | {_bytes(r['peak_memory_bytes'])} |")
-    lines += ["", "Where the time of one more run of each case went, in seconds, clocked part by part (only the "
-              "decoder's work differs between the paths). The last column is the most any cache could give: the "
-              "speed-up above if the cached decoder's share took no time at all.", "",
+    lines += ["", "One more run of each case, clocked part by part, in seconds (only the decoder's work differs "
+              "between the paths). The last column is the most any cache could give: the uncached total over the "
+              "cached one without its decoder.", "",
               "| batch | decoding | cache | encoder | decoder | output layer | search | total | × uncached, at most |",
               "|---|---|---|---|---|---|---|---|---|"]
     for r in result["translation"]:

@@ -11,9 +11,8 @@ from .layers import DecoderLayer, EncoderLayer, PositionwiseFeedForward, Sublaye
 from .encoding import Embeddings, LearnedPositionalEmbedding, PositionalEncoding, sinusoidal_encoding
 from .model import Decoder, Encoder, EncoderDecoder, Generator, TransformerConfig, make_model
 from .training import (Batch, CheckpointError, LabelSmoothing, Recipe, RECIPES, TASKS, accumulate_gradients,
-                       accumulation_steps,
-                       greedy_decode, load_checkpoint, make_optimizer, model_from_checkpoint, rate, save_checkpoint,
-                       token_batches, train)
+                       accumulation_steps, greedy_decode, load_checkpoint, make_optimizer, model_from_checkpoint, rate,
+                       save_checkpoint, token_batches, train)
 from .translation import (DataError, Hypothesis, IncrementalDecoder, Translator, Vocab, WordTokenizer,
                           average_checkpoints, beam_search, cached_run, corpus_scores, decode_batches,
                           evaluate_translator, fetch, greedy_search, length_penalty, load_multi30k)

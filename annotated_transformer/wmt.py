@@ -34,7 +34,7 @@ from tqdm import tqdm
 from .model import EncoderDecoder, TransformerConfig
 from .training import BOS, EOS, PAD, RECIPES, TASKS, Recipe, Task, atomic_file, write_json
 from .translation import (
-    TRANSLATORS, DataError, Translator, corpus_scores, data_dir, fetch, read_lines, read_parallel)
+    TRANSLATORS, UNK, DataError, Translator, corpus_scores, data_dir, fetch, read_lines, read_parallel)
 
 # %% ../book/09_scaling_wmt.ipynb #294221ff
 WMT14_URL = "https://www.statmt.org"
@@ -252,7 +252,7 @@ class Subwords:
 
         self.model = bytes(model)
         self.processor = spm.SentencePieceProcessor(model_proto=self.model)
-        if [self.processor.pad_id(), self.processor.bos_id(), self.processor.eos_id(), self.processor.unk_id()] != [PAD, BOS, EOS, 3]:
+        if [self.processor.pad_id(), self.processor.bos_id(), self.processor.eos_id(), self.processor.unk_id()] != [PAD, BOS, EOS, UNK]:
             raise ValueError("this SentencePiece model's special ids are not <pad> 0, <s> 1, </s> 2, <unk> 3")
 
     @classmethod
@@ -359,10 +359,10 @@ def prepared_folder(data: str | None) -> Path:
 
 
 def read_lines_stream(path):
-    "The lines of a gzip-compressed UTF-8 text file, one at a time, without their line ends."
+    "`read_lines` one line at a time: split on newlines only, without their line ends (a Windows \\r included)."
     with gzip.open(path, "rt", encoding="utf-8", newline="\n") as f:
         for line in f:
-            yield line.removesuffix("\n")
+            yield line.removesuffix("\n").removesuffix("\r")
 
 
 def prepare_wmt14(out=None, corpora=tuple(WMT14_CORPORA), direction: str = "en-de", vocab_size: int = 37_000,

@@ -527,9 +527,9 @@ def split_for_processes(batches: list[list[int]], world_size: int) -> list[list[
     return batches
 
 
-def _rng_state() -> dict:
-    return {"cpu": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+def _rng_state(device: torch.device) -> dict:
+    "The random state this process draws from: the CPU's, and that of the GPU it trains on (each process has its own)."
+    return {"cpu": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
 
 
 def _weights_digest(model: nn.Module) -> str:
@@ -540,10 +540,10 @@ def _weights_digest(model: nn.Module) -> str:
     return digest.hexdigest()
 
 
-def _set_rng_state(state: dict) -> None:
+def _set_rng_state(state: dict, device: torch.device) -> None:
     torch.set_rng_state(state["cpu"])
-    if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    if isinstance(state["cuda"], torch.Tensor) and device.type == "cuda":  # a GPU run resumed on a GPU
+        torch.cuda.set_rng_state(state["cuda"], device)
 
 
 _RESUME_KEYS = {"recipe", "optimizer", "scheduler", "epoch", "position", "elapsed_s", "rng", "window"}
@@ -593,12 +593,13 @@ def train(recipe: Recipe, run_dir, *, device=None, resume: bool = False, progres
         scheduler.load_state_dict(state["scheduler"])
         step, epoch, position, elapsed = state["step"], state["epoch"], state["position"], state["elapsed_s"]
         window_loss, window_tokens = state["window"]
-        _set_rng_state(state["rng"]["processes"][rank] if world > 1 else state["rng"])
+        _set_rng_state(state["rng"]["processes"][rank] if world > 1 else state["rng"], device)
         # Forget the evaluations made after this checkpoint: the resumed run makes them again.
         metrics = run_dir / "metrics.jsonl"
         if writer and metrics.exists():
             kept = [line for line in metrics.read_text().splitlines() if line and json.loads(line)["step"] <= step]
-            metrics.write_text("".join(line + "\n" for line in kept))
+            with atomic_file(metrics) as f:
+                f.write("".join(line + "\n" for line in kept).encode())
     elif (run_dir / "metrics.jsonl").exists() or _checkpoints(run_dir):
         raise FileExistsError(f"{run_dir} already holds a run: resume it, or choose another directory")
     accum = accumulation_steps(recipe, world)
@@ -672,7 +673,7 @@ def train(recipe: Recipe, run_dir, *, device=None, resume: bool = False, progres
                 os.fsync(f.fileno())
             window_loss, window_tokens, window_start = 0.0, 0, time.perf_counter()
         if step % recipe.checkpoint_every == 0 or step == end or due:
-            rng = _rng_state()
+            rng = _rng_state(device)
             if world > 1:  # each process's random state, so that a resumed run draws the same dropout masks
                 states = [None] * world
                 torch.distributed.all_gather_object(states, (rng, _weights_digest(model)))

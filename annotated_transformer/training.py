@@ -314,8 +314,9 @@ class Recipe:
     Data settings, for the tasks that use them: direction, e.g. "de-en" (source-target languages);
     min_freq: how often a word must occur in the training data to get its own vocabulary entry;
     average_checkpoints: how many of the last checkpoints an evaluation of the run averages (§6.1).
-    Scale settings (chapter 9): tokens_per_update, when set, replaces accum_steps by the number of batches each
-    process needs for all processes together to reach that many tokens a side per update (`accumulation_steps`);
+    Scale settings (chapter 9): tokens_per_update, when set, decides the batches per update in place of accum_steps
+    (which must then stay 1): as many as each process needs for all processes together to reach that many tokens
+    a side per update (`accumulation_steps`);
     checkpoint_minutes, when set, also saves a checkpoint whenever that much time has passed since the last one;
     data: a folder of prepared data, for tasks that read one (chapter 9's WMT data; None: the task's default).
     """
@@ -357,6 +358,9 @@ class Recipe:
                                                        not isinstance(self.tokens_per_update, bool) and
                                                        self.tokens_per_update >= 1):
             raise ValueError(f"tokens_per_update must be a positive integer or None, got {self.tokens_per_update!r}")
+        if self.tokens_per_update is not None and self.accum_steps != 1:  # one would silently override the other
+            raise ValueError(f"accum_steps ({self.accum_steps}) and tokens_per_update ({self.tokens_per_update}) both set "
+                             "the batches per update; keep one: tokens_per_update=None to choose accum_steps yourself")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise ValueError(f"seed must be an integer, got {self.seed!r}")
         if self.data is not None and not isinstance(self.data, str):

@@ -388,3 +388,6 @@ def test_tasks_are_looked_up_by_name_and_data_settings_are_checked():
         RECIPES["copy"].replace(average_checkpoints=9, keep_checkpoints=3)
     with pytest.raises(ValueError, match="min_freq must be a positive integer"):
         RECIPES["copy"].replace(min_freq=0)
+    with pytest.raises(ValueError, match=r"accum_steps \(4\) and tokens_per_update \(2000\) both set"):
+        RECIPES["copy"].replace(tokens_per_update=2000, accum_steps=4)
+    assert RECIPES["copy"].replace(tokens_per_update=2000).tokens_per_update == 2000

@@ -53,9 +53,10 @@ def data_dir() -> Path:
     return Path(os.environ.get("AT_DATA_DIR") or Path.home() / ".cache" / "annotated_transformer")
 
 
-def _sha256(path: Path) -> str:
+def _sha256(path: Path, opener=open) -> str:
+    "The sha256 of a file's bytes, read with `opener` (`gzip.open`: of the text a .gz file holds)."
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
+    with opener(path, "rb") as f:
         while chunk := f.read(1 << 20):
             digest.update(chunk)
     return digest.hexdigest()
@@ -129,21 +130,20 @@ def fetch(dataset: str, name: str, sha256: str, url: str, terms: str | None = No
             _terms_shown.add(dataset)
         partial = target.with_name(f".{name}.part")
         for attempt in ("resume", "restart"):
-            found = _download(source, partial, name)
-            if found.removeprefix("resumed:") == sha256:
+            found, resumed = _download(source, partial, name)
+            if found == sha256:
                 break
             partial.unlink(missing_ok=True)
-            if attempt == "restart" or not found.startswith("resumed:"):
-                found = found.removeprefix("resumed:")
+            if attempt == "restart" or not resumed:
                 raise DataError(f"{source} is not the expected file (sha256 {found}, expected {sha256}); it was not "
                                 f"kept. Check AT_MIRROR, or the network, and try again")
         os.replace(partial, target)
     return target
 
 
-def _download(source: str, partial: Path, name: str) -> str:
-    """Download `source` into `partial`, continuing what `partial` already holds; returns the sha256 of the whole,
-    prefixed with "resumed:" when an earlier part was continued (if that part was bad, starting over may help)."""
+def _download(source: str, partial: Path, name: str) -> tuple[str, bool]:
+    """Download `source` into `partial`, continuing what `partial` already holds; returns the sha256 of the whole
+    and whether an earlier part was continued (if that part was bad, starting over may help)."""
     try:
         stream, start, size = _open_source(source, partial.stat().st_size if partial.exists() else 0)
         digest = hashlib.sha256()
@@ -165,7 +165,7 @@ def _download(source: str, partial: Path, name: str) -> str:
         kept = "; run it again to continue the download" if partial.exists() and partial.stat().st_size else ""
         raise DataError(f"could not get {source} ({reason}{kept}). Without network access, put {name} into "
                         f"{partial.parent}, or set AT_MIRROR to a folder that holds {partial.parent.name}/{name}") from None
-    return ("resumed:" if start else "") + digest.hexdigest()
+    return digest.hexdigest(), bool(start)
 
 def read_lines(path) -> list[str]:
     "The lines of a gzip-compressed UTF-8 text file, without their line ends."

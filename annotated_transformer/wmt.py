@@ -34,7 +34,7 @@ from tqdm import tqdm
 from .model import EncoderDecoder, TransformerConfig
 from .training import BOS, EOS, PAD, RECIPES, TASKS, Recipe, Task, atomic_file, write_json
 from .translation import (
-    TRANSLATORS, UNK, DataError, Translator, corpus_scores, data_dir, fetch, read_lines, read_parallel)
+    TRANSLATORS, UNK, DataError, Translator, _sha256, corpus_scores, data_dir, fetch, read_lines, read_parallel)
 
 # %% ../book/09_scaling_wmt.ipynb #294221ff
 WMT14_URL = "https://www.statmt.org"
@@ -99,14 +99,6 @@ WMT14_TERMS = ("WMT14 English-German: published by the Workshop on Statistical M
                "Common Crawl and News Commentary each have their own terms, listed on https://www.statmt.org/wmt14/.")
 
 # %% ../book/09_scaling_wmt.ipynb #12b4a203
-def _text_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with gzip.open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _published_text(source: str) -> str:
     "The text of a WMT14 line file from where it is published: sacreBLEU's copy of a test set, a URL, or other lines."
     kind, _, rest = source.partition(":")
@@ -136,7 +128,7 @@ def wmt14_file(name: str) -> Path:
         raise ValueError(f"unknown WMT14 file {name!r}; the files are {', '.join(WMT14_TEXT_FILES)}")
     gz_sha256, text_sha256, source = WMT14_TEXT_FILES[name]
     target = data_dir() / "wmt14" / name
-    if target.is_file() and _text_sha256(target) == text_sha256:
+    if target.is_file() and _sha256(target, gzip.open) == text_sha256:
         return target
     if os.environ.get("AT_MIRROR"):
         return fetch("wmt14", name, gz_sha256, "(no canonical .gz)", WMT14_TERMS)

@@ -106,6 +106,13 @@ def _exclusive(folder: Path):
 _terms_shown: set[str] = set()
 
 
+def _show_terms(dataset: str, terms: str | None) -> None:
+    "Print a data set's conditions of use on stderr, the first time this process downloads any of its files."
+    if terms and dataset not in _terms_shown:
+        print(terms, file=sys.stderr)
+        _terms_shown.add(dataset)
+
+
 def fetch(dataset: str, name: str, sha256: str, url: str, terms: str | None = None) -> Path:
     """The path of a verified copy of the data file `name` of `dataset`, downloaded on first use.
 
@@ -125,9 +132,7 @@ def fetch(dataset: str, name: str, sha256: str, url: str, terms: str | None = No
             target.unlink()  # damaged or outdated: fetch it again
         mirror = os.environ.get("AT_MIRROR")
         source = f"{mirror.rstrip('/')}/{dataset}/{name}" if mirror else f"{url}/{name}"
-        if terms and dataset not in _terms_shown:
-            print(terms, file=sys.stderr)
-            _terms_shown.add(dataset)
+        _show_terms(dataset, terms)
         partial = target.with_name(f".{name}.part")
         for attempt in ("resume", "restart"):
             found, resumed = _download(source, partial, name)

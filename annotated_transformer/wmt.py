@@ -34,7 +34,8 @@ from tqdm import tqdm
 from .model import EncoderDecoder, TransformerConfig
 from .training import BOS, EOS, PAD, RECIPES, TASKS, Recipe, Task, atomic_file, write_json
 from .translation import (
-    TRANSLATORS, UNK, DataError, Translator, _sha256, corpus_scores, data_dir, fetch, read_lines, read_parallel)
+    TRANSLATORS, UNK, DataError, Translator, corpus_scores, data_dir, fetch, read_lines, read_parallel)
+from .translation import _sha256, _show_terms  # the checksum and terms notice that fetch uses
 
 # %% ../book/09_scaling_wmt.ipynb #294221ff
 WMT14_URL = "https://www.statmt.org"
@@ -122,7 +123,8 @@ def wmt14_file(name: str) -> Path:
 
     With `$AT_MIRROR`, the .gz is copied from `$AT_MIRROR/wmt14/<name>` and checked against its sha256, as
     `fetch` does for every data set. Without one, the text comes from its publisher (sacreBLEU's download of
-    the official test sets, or the sample's repository) and is checked against the sha256 of the text.
+    the official test sets, or the sample's repository) and is checked against the sha256 of the text. Either
+    way, the first download in a process shows `WMT14_TERMS`.
     """
     if name not in WMT14_TEXT_FILES:
         raise ValueError(f"unknown WMT14 file {name!r}; the files are {', '.join(WMT14_TEXT_FILES)}")
@@ -132,6 +134,7 @@ def wmt14_file(name: str) -> Path:
         return target
     if os.environ.get("AT_MIRROR"):
         return fetch("wmt14", name, gz_sha256, "(no canonical .gz)", WMT14_TERMS)
+    _show_terms("wmt14", WMT14_TERMS)
     text = _published_text(source)
     found = hashlib.sha256(text.encode("utf-8")).hexdigest()
     if found != text_sha256:

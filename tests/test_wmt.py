@@ -22,7 +22,7 @@ from annotated_transformer.training import (RECIPES, accumulation_steps, load_ch
 from annotated_transformer.translation import DataError, fetch, read_lines
 from annotated_transformer.wmt import (NEWSTEST2014_FILTERED, WMT14_TEXT_FILES, Subwords, TokenData, clean_pairs,
                                        length_filter, load_wmt14_test, prepare_wmt14, prepared_folder, read_corpus,
-                                       read_lines_stream, torchrun_command, wmt14_data)
+                                       read_lines_stream, torchrun_command, wmt14_data, wmt14_file)
 
 MIRROR = os.environ.get("AT_MIRROR")
 needs_mirror = pytest.mark.skipif(not MIRROR, reason="needs AT_MIRROR (the WMT14 files; CI sets it)")
@@ -101,6 +101,25 @@ def test_the_test_sets_have_their_published_sizes_and_the_filtered_set_is_chosen
     for name, (_, text_sha256, _) in WMT14_TEXT_FILES.items():  # the text checksums match the mirror's files
         assert sha(gzip.decompress((Path(MIRROR) / "wmt14" / name).read_bytes())) == text_sha256
     assert load_wmt14_test("newstest2013", "de-en")[0] == tuple(reversed(load_wmt14_test("newstest2013")[0]))
+
+
+@needs_mirror
+def test_without_a_mirror_the_published_text_is_verified_kept_and_its_terms_shown_once(cache, monkeypatch, capsys):
+    import annotated_transformer.translation as translation
+    import annotated_transformer.wmt as wmt
+
+    published = {source: gzip.decompress((Path(MIRROR) / "wmt14" / name).read_bytes()).decode("utf-8")
+                 for name, (_, _, source) in WMT14_TEXT_FILES.items()}
+    monkeypatch.delenv("AT_MIRROR")
+    monkeypatch.setattr(translation, "_terms_shown", set())  # as in a new process
+    monkeypatch.setattr(wmt, "_published_text", lambda source: published[source])  # no network here
+    assert read_lines(wmt14_file("newstest2013.en.gz")) == published["sacrebleu:wmt13:en-de:src"].splitlines()
+    assert len(load_wmt14_test("newstest2013")) == 3000
+    assert capsys.readouterr().err.count("WMT14 English-German: published by") == 1  # two downloads, one notice
+    published["sacrebleu:wmt14/full:en-de:src"] += "one line too many\n"
+    with pytest.raises(DataError, match="the published text of newstest2014.en.gz .* is not the expected one"):
+        wmt14_file("newstest2014.en.gz")
+    assert not (cache / "wmt14" / "newstest2014.en.gz").exists()
 
 
 @pytest.mark.parametrize("data", [b"a\r\nb\n\nc", b"", b"x\n", b"a\xe2\x80\xa8b\r\n", b"\n\n"])

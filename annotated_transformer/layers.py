@@ -68,6 +68,7 @@ class DecoderLayer(nn.Module):
 
     `forward(x, memory, src_mask, tgt_mask)`: x is (batch, n_tgt, size), memory (batch, n_src, size),
     src_mask (batch, 1, n_src) and tgt_mask (batch, n_tgt, n_tgt); returns (batch, n_tgt, size).
+    `sublayers` is the layer with its two attentions given as functions, for decoding one position at a time.
     """
 
     def __init__(self, size: int, self_attn: nn.Module, src_attn: nn.Module, feed_forward: nn.Module,
@@ -78,6 +79,12 @@ class DecoderLayer(nn.Module):
         self.sublayer = nn.ModuleList(SublayerConnection(size, dropout, norm_first) for _ in range(3))
 
     def forward(self, x: Tensor, memory: Tensor, src_mask: Tensor | None, tgt_mask: Tensor | None) -> Tensor:
-        x = self.sublayer[0](x, lambda x: self.self_attn(x, x, x, tgt_mask))
-        x = self.sublayer[1](x, lambda x: self.src_attn(x, memory, memory, src_mask))
+        return self.sublayers(x, lambda x: self.self_attn(x, x, x, tgt_mask),
+                              lambda x: self.src_attn(x, memory, memory, src_mask))
+
+    def sublayers(self, x: Tensor, self_attention, source_attention) -> Tensor:
+        """The three sub-layers in order, with the two attentions given as functions of their input: `forward`
+        passes the plain ones; decoding one position at a time passes ones that reuse cached keys and values."""
+        x = self.sublayer[0](x, self_attention)
+        x = self.sublayer[1](x, source_attention)
         return self.sublayer[2](x, self.feed_forward)

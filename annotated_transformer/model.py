@@ -70,12 +70,14 @@ class EncoderDecoder(nn.Module):
     `encode(src, src_mask)` maps (batch, n_src) token ids to the memory (batch, n_src, d_model);
     `decode(memory, src_mask, tgt, tgt_mask)` maps (batch, n_tgt) target ids to decoder states
     (batch, n_tgt, d_model); `forward(src, tgt, src_mask, tgt_mask)` does both, and `generator(states)`
-    returns log-probabilities over the target vocabulary. Masks are boolean, True = may attend.
+    returns log-probabilities over the target vocabulary. Masks are boolean, True = may attend. `config` is the
+    `TransformerConfig` the model was built from (`make_model`), kept as `model.config`.
     """
 
     def __init__(self, encoder: Encoder, decoder: Decoder, src_embed: nn.Module, tgt_embed: nn.Module,
-                 generator: Generator):
+                 generator: Generator, config: "TransformerConfig"):
         super().__init__()
+        self.config = config
         self.encoder, self.decoder = encoder, decoder
         self.src_embed, self.tgt_embed = src_embed, tgt_embed
         self.generator = generator
@@ -148,7 +150,7 @@ def make_model(src_vocab: int, tgt_vocab: int, config: TransformerConfig | None 
     Linear weights get Glorot-uniform initialisation and zero biases; embeddings N(0, 1/d_model). With
     `share_embeddings`, the output projection shares the target embedding matrix, and the source embedding
     shares it too when the vocabulary sizes are equal (a shared vocabulary, §3.4). The configuration used
-    is kept as `model.config`.
+    is passed to the model, as `model.config`.
     """
     if config is not None and not isinstance(config, TransformerConfig):
         raise TypeError(f"config must be a TransformerConfig, got {type(config).__name__}; pass settings as keywords, "
@@ -177,6 +179,7 @@ def make_model(src_vocab: int, tgt_vocab: int, config: TransformerConfig | None 
         nn.Sequential(Embeddings(c.d_model, src_vocab), positions()),
         nn.Sequential(Embeddings(c.d_model, tgt_vocab), positions()),
         Generator(c.d_model, tgt_vocab),
+        c,
     )
     for module in model.modules():
         if isinstance(module, nn.Linear):
@@ -186,5 +189,4 @@ def make_model(src_vocab: int, tgt_vocab: int, config: TransformerConfig | None 
         model.generator.proj.weight = model.tgt_embed[0].lut.weight
         if src_vocab == tgt_vocab:
             model.src_embed[0].lut.weight = model.tgt_embed[0].lut.weight
-    model.config = c
     return model

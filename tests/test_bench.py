@@ -9,7 +9,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from annotated_transformer import (MultiHeadedAttention, RECIPES, IncrementalDecoder, TransformerConfig, make_model,
                                    subsequent_mask, train)
-from annotated_transformer.bench import (PeakMemory, bench_table, bench_training, bench_translation,
+from annotated_transformer.bench import (FusedMultiHeadedAttention, PeakMemory, bench_table, bench_training, bench_translation,
                                          decoding_time_split, device_slug, peak_flops, run_benchmark,
                                          straightforward_batches, summarize, training_flops, use_path,
                                          write_benchmark)
@@ -31,7 +31,8 @@ def test_fast_and_straightforward_paths_give_the_same_loss_and_gradients(norm_fi
     found = []
     for fast in (False, True):
         use_path(model, fast)
-        assert all(m.explicit is not fast for m in model.modules() if isinstance(m, MultiHeadedAttention))
+        attentions = [m for m in model.modules() if isinstance(m, MultiHeadedAttention)]
+        assert all(m.explicit is not fast and isinstance(m, FusedMultiHeadedAttention) is fast for m in attentions)
         model.zero_grad()
         log_probs = model.generator(model(batch.src, batch.tgt_in, batch.src_mask, batch.tgt_mask))
         loss = criterion(log_probs.reshape(-1, 40), batch.tgt_y.reshape(-1))
@@ -44,7 +45,7 @@ def test_fast_and_straightforward_paths_give_the_same_loss_and_gradients(norm_fi
 
 def test_fused_projections_equal_the_separate_ones_for_each_kind_of_input():
     torch.manual_seed(1)
-    mha = MultiHeadedAttention(4, 32, dropout=0.0).double()
+    mha = FusedMultiHeadedAttention(4, 32, dropout=0.0).double()
     x, y, z = (torch.randn(2, n, 32, dtype=torch.float64, requires_grad=True) for n in (5, 7, 7))
     for query, key, value in ((x, x, x), (x, y, y), (x, y, z)):
         fused = mha.project(query, key, value)
@@ -57,7 +58,7 @@ def test_fused_projections_equal_the_separate_ones_for_each_kind_of_input():
 
 
 def test_fused_projections_are_one_matrix_product(monkeypatch):
-    mha = MultiHeadedAttention(4, 32, dropout=0.0)
+    mha = FusedMultiHeadedAttention(4, 32, dropout=0.0)
     x, y = torch.randn(2, 5, 32), torch.randn(2, 7, 32)
     calls = []
     linear = torch.nn.functional.linear
@@ -71,9 +72,8 @@ def test_fused_projections_are_one_matrix_product(monkeypatch):
     mha(x, x, x)
     assert calls == [(96, 32), (32, 32)]            # the fast path uses it (then W^O)
     calls.clear()
-    mha.explicit = True
-    mha(x, x, x)
-    assert calls == [(32, 32)] * 4                  # the explicit path: four separate products
+    MultiHeadedAttention(4, 32, dropout=0.0, explicit=True)(x, x, x)
+    assert calls == [(32, 32)] * 4                  # the book's path: four separate products
 
 
 def _sharp_model(seed: int):

@@ -12,10 +12,11 @@ import torch
 import torch.nn.functional as F
 
 from annotated_transformer import make_model
-from annotated_transformer.training import (BOS, EOS, PAD, RECIPES, CheckpointError, LabelSmoothing,
-                                            accumulate_gradients, batches_of, copy_task, greedy_decode, load_checkpoint,
-                                            load_task, make_optimizer, model_from_checkpoint, pad_sequences,
-                                            padding_fraction, plot_metrics, rate, save_checkpoint, token_batches, train)
+from annotated_transformer.runs import (RECIPES, CheckpointError, load_checkpoint, load_task, model_from_checkpoint,
+                                        save_checkpoint)
+from annotated_transformer.training import (BOS, EOS, PAD, LabelSmoothing, accumulate_gradients, batches_of, copy_task,
+                                            greedy_decode, make_optimizer, pad_sequences, padding_fraction, plot_metrics,
+                                            rate, token_batches, train)
 
 
 def batch_of(pairs):

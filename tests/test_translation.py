@@ -14,12 +14,12 @@ import torch
 
 from annotated_transformer import make_model
 from annotated_transformer.attention import subsequent_mask
-from annotated_transformer.training import (BOS, EOS, PAD, RECIPES, greedy_decode, load_task, pad_sequences,
-                                            save_checkpoint, train)
-from annotated_transformer.translation import (MULTI30K_SHA256, DataError, IncrementalDecoder, Translator, Vocab,
-                                               WordTokenizer, average_checkpoints, beam_search, corpus_scores,
-                                               decode_batches, fetch, greedy_search, length_penalty, load_multi30k,
-                                               read_lines, read_parallel)
+from annotated_transformer.data import MULTI30K_SHA256, DataError, fetch, load_multi30k, read_lines, read_parallel
+from annotated_transformer.runs import RECIPES, load_task, save_checkpoint
+from annotated_transformer.training import BOS, EOS, PAD, greedy_decode, pad_sequences, train
+from annotated_transformer.translation import (IncrementalDecoder, Translator, Vocab, WordTokenizer, average_checkpoints,
+                                               beam_search, corpus_scores, decode_batches, greedy_search,
+                                               length_penalty)
 
 def gz(path: Path, lines: list[str]) -> Path:
     path.write_bytes(gzip.compress("".join(line + "\n" for line in lines).encode()))
@@ -408,7 +408,7 @@ def test_decode_batches_keeps_the_input_order_and_skips_empty_sources():
 
 
 def test_cached_run_trains_once_resumes_an_interrupted_run_and_keys_on_the_settings(cache, monkeypatch):
-    from annotated_transformer import translation
+    from annotated_transformer import training
     from annotated_transformer.training import train
 
     recipe = RECIPES["copy"].replace(N=1, d_model=16, d_ff=32, h=2, steps=12, warmup=4, eval_every=4, checkpoint_every=4)
@@ -421,16 +421,16 @@ def test_cached_run_trains_once_resumes_an_interrupted_run_and_keys_on_the_setti
             raise KeyboardInterrupt
         return train(recipe, run_dir, **kwargs)
 
-    monkeypatch.setattr(translation, "train", interrupted_once)
+    monkeypatch.setattr(training, "train", interrupted_once)
     with pytest.raises(KeyboardInterrupt):
-        translation.cached_run(recipe, progress=False)
-    run = translation.cached_run(recipe, progress=False)
+        training.cached_run(recipe, progress=False)
+    run = training.cached_run(recipe, progress=False)
     assert calls == [False, True]  # the second call resumed the interrupted run
     assert run.parent == cache / "runs" and run.name.startswith("copy-")
     summary = json.loads((run / "summary.json").read_text())
     assert summary["finished"] and summary["steps"] == 12
     assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [4, 8, 12]
-    assert translation.cached_run(recipe, progress=False) == run and len(calls) == 2  # finished: not trained again
+    assert training.cached_run(recipe, progress=False) == run and len(calls) == 2  # finished: not trained again
 
     # Other settings are another run. One killed before its first checkpoint left a folder with nothing to resume:
     # the next call starts it afresh instead of refusing the folder.
@@ -441,10 +441,10 @@ def test_cached_run_trains_once_resumes_an_interrupted_run_and_keys_on_the_setti
         (run_dir / "metrics.jsonl").write_text("")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(translation, "train", killed_at_once)
+    monkeypatch.setattr(training, "train", killed_at_once)
     with pytest.raises(KeyboardInterrupt):
-        translation.cached_run(other, progress=False)
-    monkeypatch.setattr(translation, "train", train)
-    other_run = translation.cached_run(other, progress=False)
+        training.cached_run(other, progress=False)
+    monkeypatch.setattr(training, "train", train)
+    other_run = training.cached_run(other, progress=False)
     assert other_run.parent == run.parent and other_run != run
     assert json.loads((other_run / "summary.json").read_text())["finished"]

@@ -17,12 +17,13 @@ import numpy as np
 import pytest
 import torch
 
-from annotated_transformer.training import (RECIPES, accumulation_steps, load_checkpoint, load_task, pair_lengths,
-                                            split_for_processes, token_batches)
-from annotated_transformer.translation import DataError, fetch, read_lines
+from annotated_transformer.data import DataError, fetch, iter_lines, read_lines
+from annotated_transformer.distributed import accumulation_steps, split_for_processes, torchrun_command
+from annotated_transformer.runs import RECIPES, load_checkpoint, load_task
+from annotated_transformer.training import pair_lengths, token_batches
 from annotated_transformer.wmt import (NEWSTEST2014_FILTERED, WMT14_TEXT_FILES, Subwords, TokenData, clean_pairs,
                                        length_filter, load_wmt14_test, prepare_wmt14, prepared_folder, read_corpus,
-                                       read_lines_stream, torchrun_command, wmt14_data, wmt14_file)
+                                       wmt14_data, wmt14_file)
 
 MIRROR = os.environ.get("AT_MIRROR")
 needs_mirror = pytest.mark.skipif(not MIRROR, reason="needs AT_MIRROR (the WMT14 files; CI sets it)")
@@ -105,13 +106,13 @@ def test_the_test_sets_have_their_published_sizes_and_the_filtered_set_is_chosen
 
 @needs_mirror
 def test_without_a_mirror_the_published_text_is_verified_kept_and_its_terms_shown_once(cache, monkeypatch, capsys):
-    import annotated_transformer.translation as translation
+    import annotated_transformer.data as data
     import annotated_transformer.wmt as wmt
 
     published = {source: gzip.decompress((Path(MIRROR) / "wmt14" / name).read_bytes()).decode("utf-8")
                  for name, (_, _, source) in WMT14_TEXT_FILES.items()}
     monkeypatch.delenv("AT_MIRROR")
-    monkeypatch.setattr(translation, "_terms_shown", set())  # as in a new process
+    monkeypatch.setattr(data, "_terms_shown", set())  # as in a new process
     monkeypatch.setattr(wmt, "_published_text", lambda source: published[source])  # no network here
     assert read_lines(wmt14_file("newstest2013.en.gz")) == published["sacrebleu:wmt13:en-de:src"].splitlines()
     assert len(load_wmt14_test("newstest2013")) == 3000
@@ -127,7 +128,7 @@ def test_streamed_lines_are_the_lines_read_whole(tmp_path, data):
     path = tmp_path / "text.gz"
     with gzip.open(path, "wb") as f:
         f.write(data)
-    assert list(read_lines_stream(path)) == read_lines(path)
+    assert list(iter_lines(path)) == read_lines(path)
 
 
 def test_cleaning_drops_what_pipelines_drop_and_counts_why():
@@ -341,8 +342,9 @@ def test_a_two_process_run_killed_and_resumed_makes_the_same_updates(tmp_path):
 _GRADIENTS = '''
 import sys, torch, torch.distributed as dist
 from annotated_transformer import make_model
+from annotated_transformer.distributed import split_for_processes
 from annotated_transformer.training import (LabelSmoothing, accumulate_gradients, batches_of, copy_task, pair_lengths,
-                                            split_for_processes, token_batches)
+                                            token_batches)
 world = int(sys.argv[2]) if len(sys.argv) > 2 else 1
 if world > 1:
     dist.init_process_group("gloo")

@@ -9,13 +9,16 @@ STAMP := $(VENV)/.installed
 VENDOR := _build/vendor
 
 .DEFAULT_GOAL := help
-.PHONY: help venv export check-export vendor book book-stored test bench clean
+.PHONY: help venv requirements export check-export vendor book book-stored lint unit test bench clean
 
 help:
-	@echo "make test    run every test: package (pytest), notebooks (nbval), export sync, book + browser check"
+	@echo "make test    run every test: lint, package (pytest), notebooks (nbval), export sync, book + browser check"
+	@echo "make unit    the package's tests alone, in minutes: no notebooks, book, browser, nor tests marked slow"
+	@echo "make lint    ruff check and ruff format --check over the package, the tests and the notebooks"
 	@echo "make book    build the book into _build/html, executing the notebooks (cached)"
 	@echo "make export  regenerate annotated_transformer/ from the notebooks in book/"
 	@echo "make venv    create $(VENV) with the pinned requirements and the package (editable)"
+	@echo "make requirements  regenerate requirements.txt from pyproject.toml (uv pip compile, keeping the pins it can)"
 	@echo "make bench   measure training and translation speed on this machine into results/bench-<device>.json"
 
 venv: $(STAMP)
@@ -25,6 +28,30 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $@
+
+# requirements.txt is generated: every extra of pyproject.toml, resolved by uv for the Python and platform of this
+# project's machines and CI, each pin annotated with what wants it. uv keeps the pins already in requirements.txt
+# wherever the resolver allows, so that the environment does not change under the notebooks; to move them, pass
+# UPGRADE=--upgrade (all) or UPGRADE="--upgrade-package NAME". torch's Linux wheels on PyPI require the CUDA
+# libraries, its CPU build does not: they are kept out of the resolution (a GPU machine installs PyTorch's CUDA
+# build of the same version), and the grep fails if a new torch brings one the list does not name. An unchanged
+# result leaves requirements.txt untouched, so that make venv does not reinstall.
+REQUIREMENTS_PYTHON := 3.11.7
+TORCH_CUDA := cuda-bindings cuda-toolkit triton nvidia-cudnn-cu13 nvidia-cusparselt-cu13 nvidia-nccl-cu13 nvidia-nvshmem-cu13
+UPGRADE ?=
+requirements: $(STAMP)
+	mkdir -p _build
+	cp requirements.txt _build/requirements.txt
+	printf '%s\n' $(TORCH_CUDA) | $(BIN)/uv pip compile --quiet pyproject.toml --all-extras --excludes - \
+	  --python-version $(REQUIREMENTS_PYTHON) --python-platform x86_64-unknown-linux-gnu --no-header $(UPGRADE) \
+	  -o _build/requirements.txt
+	@if grep -nE '^(nvidia|cuda|triton)' _build/requirements.txt; then \
+	  echo "A CUDA package above reached requirements.txt: add it to TORCH_CUDA in the Makefile."; exit 1; fi
+	{ echo "# Generated from pyproject.toml (all extras) by \`make requirements\` (uv pip compile): do not edit by hand."; \
+	  echo "# make venv installs exactly this, then the package itself, editable. torch's CUDA libraries are left out:"; \
+	  echo "# pip installs the CPU build; for a GPU, install PyTorch's CUDA build of the same version."; \
+	  cat _build/requirements.txt; } > _build/requirements.new
+	cmp -s _build/requirements.new requirements.txt || mv _build/requirements.new requirements.txt
 
 export: $(STAMP)
 	$(BIN)/nbdev-export
@@ -59,7 +86,22 @@ book-stored: vendor
 	yaml.safe_dump(c, open('_build/config-stored-outputs.yml', 'w'))"
 	$(BIN)/jupyter-book build -W -n --keep-going --config _build/config-stored-outputs.yml .
 
-test: check-export book-stored
+# ruff (settings in pyproject.toml): every finding, and every file that ruff format would change, fails. Both
+# run, so that one pass shows all of it; `$(BIN)/ruff format --diff .` shows the changes, and
+# `$(BIN)/ruff check --fix .` and `$(BIN)/ruff format .` make most of them.
+lint: $(STAMP)
+	@status=0; \
+	$(BIN)/ruff check . || status=1; \
+	$(BIN)/ruff format --check --output-format concise . || status=1; \
+	exit $$status
+
+# The package's tests alone, for the edit-test loop: the notebooks (nbval), the book and the browser are
+# make test's, and so are the tests marked slow (pyproject.toml registers the marker).
+unit: $(STAMP)
+	$(PY) -m pytest tests -q -m "not slow" --ignore=tests/test_book.py --ignore=tests/test_browser.py \
+	  --ignore=tests/test_notebooks.py
+
+test: lint check-export book-stored
 	$(PY) -m pytest tests book --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout 1800
 
 # Throughput of the straightforward and the fast paths on this machine (under 7 minutes on a 2-core CPU).

@@ -6,7 +6,7 @@ directories, atomic files, checkpoints, and the results files that the book's ta
 # %% auto #0
 __all__ = ['CHECKPOINT_FORMAT', 'RECIPES', 'TASKS', 'TRANSLATORS', 'atomic_file', 'write_json', 'CheckpointError',
            'save_checkpoint', 'load_checkpoint', 'list_checkpoints', 'model_from_checkpoint', 'model_from_state',
-           'Recipe', 'registered', 'load_task', 'default_device', 'check_device', 'rng_state', 'set_rng_state',
+           'Recipe', 'Task', 'registered', 'load_task', 'default_device', 'check_device', 'rng_state', 'set_rng_state',
            'weights_digest', 'TrainingState', 'RunDir', 'commit', 'device_name', 'record_result']
 
 # %% ../book/a2_runs.ipynb #3e47a30d
@@ -19,6 +19,7 @@ import json
 import math
 import os
 import platform
+import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -94,7 +95,7 @@ def load_checkpoint(path) -> dict:
 
 def list_checkpoints(run_dir) -> list[Path]:
     "The checkpoints a run wrote (`checkpoints/step-NNNNNN.pt`), oldest first; other files are not its own."
-    found = (p for p in (Path(run_dir) / "checkpoints").glob("step-*.pt") if p.stem[5:].isdigit())
+    found = (p for p in (Path(run_dir) / "checkpoints").glob("step-*.pt") if re.fullmatch(r"step-\d{6,}\.pt", p.name))
     return sorted(found, key=lambda p: int(p.stem[5:]))
 
 
@@ -107,9 +108,13 @@ def model_from_checkpoint(path, device="cpu") -> tuple[EncoderDecoder, dict]:
 def model_from_state(state: dict, path, device="cpu") -> EncoderDecoder:
     "The model whose configuration and weights `state` (a loaded checkpoint, or an average of several) holds."
     try:
-        model = make_model(state["src_vocab"], state["tgt_vocab"], TransformerConfig(**state["config"]))
+        config = TransformerConfig(**state["config"])
+    except (TypeError, ValueError) as err:  # a setting this version does not know, or a value it refuses
+        raise CheckpointError(f"{path}: the stored configuration is not usable here ({err})") from None
+    model = make_model(state["src_vocab"], state["tgt_vocab"], config)
+    try:
         model.load_state_dict(state["model"])
-    except (TypeError, ValueError, RuntimeError) as err:
+    except RuntimeError as err:
         raise CheckpointError(f"{path}: the weights do not fit the stored configuration "
                               f"({str(err).splitlines()[0]})") from None
     return model.to(device).eval()
@@ -248,7 +253,20 @@ RECIPES = {
         checkpoint_every=50, keep_checkpoints=5, average_checkpoints=5),
 }
 
-# Task name -> the function that loads its data (recipe -> a `Task` of the training chapter), imported when used.
+# %% ../book/a2_runs.ipynb #910887bd
+@dataclass
+class Task:
+    "What a recipe trains on: sentence pairs of token ids, vocabulary sizes, and a final evaluation."
+
+    train: list
+    valid: list
+    src_vocab: int
+    tgt_vocab: int
+    vocab: dict  # what the token ids mean, stored in every checkpoint
+    evaluate: object  # callable(model, device) -> dict of final metrics
+
+
+# Task name -> the function that loads its data (recipe -> `Task`), imported when used.
 TASKS = {
     "copy": "annotated_transformer.training:copy_data",
     "multi30k": "annotated_transformer.translation:multi30k_data",
@@ -269,8 +287,8 @@ def registered(table: dict, name: str):
     return getattr(importlib.import_module(module), attribute)
 
 
-def load_task(recipe: Recipe):
-    "The data of `recipe.task` (a `Task`), from the loader registered for it in `TASKS`."
+def load_task(recipe: Recipe) -> Task:
+    "The data of `recipe.task`, from the loader registered for it in `TASKS`."
     if recipe.task not in TASKS:
         raise ValueError(f"unknown task {recipe.task!r}; the tasks are {', '.join(sorted(TASKS))}")
     return registered(TASKS, recipe.task)(recipe)
@@ -335,7 +353,7 @@ class TrainingState:
             self.epoch, self.position = self.epoch + 1, 0
         self.window_loss, self.window_tokens = self.window_loss + loss, self.window_tokens + tokens
 
-
+# %% ../book/a2_runs.ipynb #3475fcdf
 _RESUME_KEYS = {"recipe", "optimizer", "scheduler", "epoch", "position", "elapsed_s", "rng", "window"}
 
 

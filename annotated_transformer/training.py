@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = ['PAD', 'BOS', 'EOS', 'copy_task', 'Batch', 'pad_sequences', 'token_batches', 'padding_fraction', 'rate',
            'make_optimizer', 'LabelSmoothing', 'accumulate_gradients', 'greedy_decode', 'pair_lengths', 'batches_of',
-           'validation_loss', 'Task', 'copy_exact_match', 'copy_data', 'train', 'plot_metrics', 'cached_run']
+           'validation_loss', 'copy_exact_match', 'copy_data', 'train', 'plot_metrics', 'cached_run']
 
 # %% ../book/06_training.ipynb #b9032c27
 import contextlib
@@ -16,7 +16,6 @@ import math
 import random
 import shutil
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -26,11 +25,11 @@ from tqdm import tqdm
 from .attention import subsequent_mask
 from .data import data_dir
 from .distributed import (accumulation_steps, check_same_data, gather_rng_states,
-                                               rank_and_world_size, seed_dropout, share_gradients,
+                                               process_share, rank_and_world_size, seed_dropout, share_gradients,
                                                split_for_processes, sum_over_processes)
 from .model import EncoderDecoder, make_model
-from .runs import (Recipe, RunDir, TrainingState, check_device, list_checkpoints, load_task,
-                                        rng_state)
+from .runs import (Recipe, RunDir, Task, TrainingState, check_device, list_checkpoints,
+                                        load_task, rng_state)
 
 PAD, BOS, EOS = 0, 1, 2
 
@@ -191,7 +190,8 @@ def accumulate_gradients(model: EncoderDecoder, batches: list[Batch], criterion:
     Each batch's summed loss is divided by the real target tokens of *all* the batches together, so the
     gradients equal those of one big batch, however the tokens are split. Returns (summed loss, tokens).
     When other processes hold the rest of the update's batches (`model` is then wrapped in PyTorch's
-    DistributedDataParallel, chapter 9), `normalizer` replaces that count: the update's tokens in all processes
+    DistributedDataParallel, see
+    `annotated_transformer.distributed`), `normalizer` replaces that count: the update's tokens in all processes
     divided by their number, because DistributedDataParallel averages the processes' gradients.
     """
     ntokens = sum(b.ntokens for b in batches)
@@ -237,7 +237,7 @@ def greedy_decode(model: EncoderDecoder, src: Tensor, src_mask: Tensor, max_len:
 # %% ../book/06_training.ipynb #3129e328
 def pair_lengths(pairs) -> tuple[list[int], list[int]]:
     """The lengths that batching needs: source tokens, and target tokens the model predicts (all but <s>). Data kept
-    on disk (chapter 9) reports them itself, through a `lengths()` method, without reading every sentence."""
+    on disk (the WMT data of the scaling chapter) reports them itself, through a `lengths()` method, without reading every sentence."""
     if hasattr(pairs, "lengths"):
         return pairs.lengths()
     return [len(s) for s, _ in pairs], [len(t) - 1 for _, t in pairs]
@@ -264,18 +264,6 @@ def validation_loss(model: EncoderDecoder, pairs, max_tokens: int, device) -> fl
     return total / tokens
 
 # %% ../book/06_training.ipynb #8f25bf31
-@dataclass
-class Task:
-    "What a recipe trains on: sentence pairs of token ids, vocabulary sizes, and a final evaluation."
-
-    train: list
-    valid: list
-    src_vocab: int
-    tgt_vocab: int
-    vocab: dict  # what the token ids mean, stored in every checkpoint
-    evaluate: object  # callable(model, device) -> dict of final metrics
-
-
 def copy_exact_match(model: EncoderDecoder, pairs, device, batch_size: int = 100) -> float:
     "The fraction of sequences that greedy decoding copies exactly."
     correct = 0
@@ -334,8 +322,8 @@ def train(recipe: Recipe, run_dir, *, device=None, resume: bool = False, progres
             batches = token_batches(src_lengths, tgt_lengths, recipe.max_tokens, recipe.seed + state.epoch)
             order = split_for_processes(batches, world)
         update = order[state.position:state.position + world * accum]  # the same in every process; each takes a share
-        group = [batches_of(task.train, b).to(device) for b in update[rank::world]]
-        normalizer = sum(tgt_lengths[i] for b in update for i in b) / world if world > 1 else None
+        mine, normalizer = process_share(update, tgt_lengths)
+        group = [batches_of(task.train, b).to(device) for b in mine]
         loss, ntokens = accumulate_gradients(learner, group, criterion, autocast, normalizer)
         due = recipe.checkpoint_minutes is not None and time.perf_counter() - saved_at >= 60 * recipe.checkpoint_minutes
         loss, ntokens, due = sum_over_processes(loss, ntokens, due, device)

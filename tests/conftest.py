@@ -2,6 +2,8 @@
 import os
 from pathlib import Path
 
+import pytest
+
 # Data sets come from the local mirror beside the project when there is one (no network needed), as in CI;
 # set before any notebook kernel starts, so the notebooks see it too.
 _MIRROR = Path(__file__).resolve().parents[2] / "shared" / "data"
@@ -23,3 +25,22 @@ def pytest_collection_modifyitems(items):
         if cell is not None and getattr(cell, "cell_type", None) == "code" and cell.get("execution_count") is None:
             counts[item.path] = counts.get(item.path, 0) + 1
             cell["execution_count"] = counts[item.path]
+
+
+MIRROR = os.environ.get("AT_MIRROR")
+# For tests that read the mirrored data sets (Multi30k, the WMT14 files); CI always has them.
+needs_mirror = pytest.mark.skipif(not MIRROR, reason="needs AT_MIRROR (the mirrored data sets; CI sets it)")
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    "A fresh, empty `$AT_DATA_DIR` for the test: downloads and cached runs land there, not in the user's cache."
+    monkeypatch.setenv("AT_DATA_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.fixture
+def single_threaded_env():
+    """The environment for a subprocess that trains: one thread per process, so that a run beside other CPU-heavy
+    work (or a second process of the same run) does not slow to a crawl from oversubscribed cores."""
+    return {**os.environ, "OMP_NUM_THREADS": "1"}

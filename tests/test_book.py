@@ -1,10 +1,12 @@
 """The book is complete to read: citations, the bibliography, the API reference, chapter openings and summaries,
-and notebooks that run on Colab.
+cross-references that lead somewhere, paper chapters that read as prose with short code, and notebooks that run on
+Colab.
 
 The first tests read the sources and need no build. The last ones read the book built into _build/html
 (`make book-stored`, which `make test` runs first); without it they are skipped, except under CI=true, where
 they fail, as in tests/test_browser.py.
 """
+
 import os
 import re
 from pathlib import Path
@@ -22,8 +24,11 @@ NOTEBOOKS = sorted(BOOK.glob("*.ipynb"))
 CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))
 TOC = [c["file"] for part in yaml.safe_load((ROOT / "_toc.yml").read_text())["parts"] for c in part["chapters"]]
 CHAPTERS = [f for f in TOC if (ROOT / f"{f}.ipynb").is_file()]  # the other entries are Markdown pages
-MODULES = sorted(p.stem for p in (ROOT / "annotated_transformer").glob("*.py")
-                 if p.stem not in {"_modidx", "__init__", "__main__"})
+# The first part of the book, one chapter per section of the paper (NN_name); the second, "Under the hood", is aN_name.
+PAPER_CHAPTERS = [f for f in CHAPTERS if re.fullmatch(r"book/\d\d_\w+", f)]
+MODULES = sorted(
+    p.stem for p in (ROOT / "annotated_transformer").glob("*.py") if p.stem not in {"_modidx", "__init__", "__main__"}
+)
 API = (BOOK / "api.md").read_text(encoding="utf-8")
 
 _pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
@@ -71,11 +76,14 @@ def exported_module(path: Path) -> str | None:
 
 # ---- Sources ---------------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_opens_with_the_install_cell(path):
     "So that a notebook opened on Colab or Binder runs as it does locally; the book does not show the cell."
     cell = nbformat.read(path, as_version=4).cells[0]
-    assert cell.cell_type == "code" and cell.source == INSTALL_CELL, f"{path.name}: the first cell must be\n{INSTALL_CELL}"
+    assert cell.cell_type == "code" and cell.source == INSTALL_CELL, (
+        f"{path.name}: the first cell must be\n{INSTALL_CELL}"
+    )
     assert "remove-cell" in cell.metadata.get("tags", [])
     assert cell.outputs == [] and cell.execution_count is None
 
@@ -102,8 +110,13 @@ def test_every_citation_is_in_the_bibliography():
 
 def test_citation_syntax():
     "The parser above reads the forms the book uses."
-    assert cited_keys("see {cite:t}`a2017x` and {cite:p}`b,c` or {cite}`d`, {cite:p}`{see}e2020y{§6.1}`") == \
-        ["a2017x", "b", "c", "d", "e2020y"]
+    assert cited_keys("see {cite:t}`a2017x` and {cite:p}`b,c` or {cite}`d`, {cite:p}`{see}e2020y{§6.1}`") == [
+        "a2017x",
+        "b",
+        "c",
+        "d",
+        "e2020y",
+    ]
 
 
 def test_every_module_is_in_the_api_reference():
@@ -127,7 +140,9 @@ def test_chapter_links_to_its_api_section(chapter):
     module = exported_module(ROOT / f"{chapter}.ipynb")
     if module is None:
         pytest.skip("exports no module")
-    labels = {m: label for label, m in re.findall(r"^\((api-[\w-]+)\)=\n## .*`annotated_transformer\.(\w+)`", API, flags=re.M)}
+    labels = {
+        m: label for label, m in re.findall(r"^\((api-[\w-]+)\)=\n## .*`annotated_transformer\.(\w+)`", API, flags=re.M)
+    }
     label = labels[module]
     nb = nbformat.read(ROOT / f"{chapter}.ipynb", as_version=4)
     text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
@@ -138,15 +153,107 @@ def test_chapter_links_to_its_api_section(chapter):
 def test_chapter_opens_with_its_section_and_closes_with_a_summary(chapter):
     nb = nbformat.read(ROOT / f"{chapter}.ipynb", as_version=4)
     title = next(c for c in nb.cells if c.cell_type == "markdown")
-    # "*Section 3.2.1 of ...*", "*Sections 4 and 5.2 of ...*", or, for the pages around the paper, "*No section ...*"
-    assert re.search(r"^\*(Sections? \d|No section)", title.source, flags=re.M), \
+    # "*Section 3.2.1 of ...*", "*Sections 4 and 5.2 of ...*"; under the hood, "*Under the hood: no section ...*"
+    opening = r"^\*Sections? \d" if chapter in PAPER_CHAPTERS else r"^\*(Under the hood: n|N)o section"
+    assert re.search(opening, title.source, flags=re.M), (
         f"{chapter}: the first cell names the section of the paper it annotates, in an italic line"
+    )
     last = nb.cells[-1]
-    assert last.cell_type == "markdown" and re.search(r"^#{2,6} Summary\s*$", last.source, flags=re.M), \
+    assert last.cell_type == "markdown" and re.search(r"^#{2,6} Summary\s*$", last.source, flags=re.M), (
         f"{chapter}: the last cell is a Markdown cell with a '## Summary' heading"
+    )
+
+
+def is_exported(cell) -> bool:
+    "A code cell that nbdev writes into the package (`#| export`, `#| exporti`, `#| exports`)."
+    return bool(re.search(r"^#\|\s*export[is]?\b", cell.source, flags=re.M))
+
+
+def test_exported_cells_are_recognised():
+    cell = nbformat.v4.new_code_cell
+    assert is_exported(cell("#| export\ndef f(): pass")) and is_exported(cell("#| exporti\nx = 1"))
+    assert not is_exported(cell("#| default_exp model")) and not is_exported(cell("# export the model"))
+
+
+@pytest.mark.parametrize("chapter", PAPER_CHAPTERS)
+def test_paper_chapters_show_their_code_in_short_cells(chapter):
+    "A paper chapter shows the paper's code a class or a function at a time; longer machinery lives under the hood."
+    cells = nbformat.read(ROOT / f"{chapter}.ipynb", as_version=4).cells
+    long = {
+        i: len(c.source.splitlines())
+        for i, c in enumerate(cells)
+        if c.cell_type == "code" and is_exported(c) and len(c.source.splitlines()) > 80
+    }
+    assert not long, f"{chapter}: exported cells over 80 lines ({{cell index: lines}}): {long}"
+
+
+@pytest.mark.parametrize("chapter", PAPER_CHAPTERS)
+def test_paper_chapters_are_read_as_prose(chapter):
+    "At least 35% of a paper chapter's characters are prose (its Markdown cells), the rest code."
+    cells = nbformat.read(ROOT / f"{chapter}.ipynb", as_version=4).cells
+    prose = sum(len(c.source) for c in cells if c.cell_type == "markdown")
+    code = sum(len(c.source) for c in cells if c.cell_type == "code")
+    assert prose / (prose + code) >= 0.35, f"{chapter}: prose is {prose / (prose + code):.0%} of the characters"
+
+
+# "chapter 7", "Chapter 9", "chapters 6 and 7": a reader cannot follow these; a title with a link they can.
+CHAPTER_BY_NUMBER = re.compile(r"\bchapters?\s+\d", flags=re.I)
+NOTEBOOK_NAME = re.compile(r"\b[\w-]+\.ipynb\b")
+PAGE_LINK = re.compile(r"\]\(([\w-]+\.md)(?:#[^)]*)?\)")
+DOC_ROLE = re.compile(r"\{doc\}`(?:[^`<]*<)?([^`>]+)>?`")
+
+
+def broken_references(text: str) -> list[str]:
+    "What in a Markdown text refers to another chapter by number, or to a notebook or page that book/ lacks."
+    problems = [f"by number: {m.group(0)!r}" for m in CHAPTER_BY_NUMBER.finditer(text)]
+    problems += [f"no such notebook: {name}" for name in NOTEBOOK_NAME.findall(text) if not (BOOK / name).is_file()]
+    problems += [f"no such page: {name}" for name in PAGE_LINK.findall(text) if not (BOOK / name).is_file()]
+    problems += [
+        f"no such document: {{doc}}`{name}`"
+        for name in DOC_ROLE.findall(text)
+        if not any((BOOK / f"{name}{suffix}").is_file() for suffix in (".ipynb", ".md"))
+    ]
+    return problems
+
+
+def test_broken_references_are_found():
+    text = (
+        "See chapter 7, Chapters 6 and 9, [it](08_attention_visualization.ipynb), `90_command_line.ipynb`, "
+        "[x](nowhere.md), {doc}`00_charts` and {doc}`the tools <a9_tools>`; fine: [the model](05_model.ipynb), "
+        "[API](api.md#api-model), {doc}`01_attention`, {doc}`the API <api>`, Table 3, §6.1."
+    )
+    assert broken_references(text) == [
+        "by number: 'chapter 7'",
+        "by number: 'Chapters 6'",
+        "no such notebook: 08_attention_visualization.ipynb",
+        "no such notebook: 90_command_line.ipynb",
+        "no such page: nowhere.md",
+        "no such document: {doc}`00_charts`",
+        "no such document: {doc}`a9_tools`",
+    ]
+
+
+def test_cross_references_name_chapters_that_exist():
+    "Chapters refer to each other by title, with a link (`[the training chapter](06_training.ipynb)`), never by number."
+    problems = [f"{where}: {problem}" for where, text in markdown_sources() for problem in broken_references(text)]
+    assert not problems, "\n".join(problems)
+
+
+def test_the_landing_page_maps_every_chapter_in_order():
+    "book/index.md links every chapter of the table of contents, first in the reading map, in the TOC's order."
+    linked = re.findall(r"\]\(([\w-]+)\.ipynb\)", (BOOK / "index.md").read_text(encoding="utf-8"))
+    assert list(dict.fromkeys(linked)) == [Path(c).name for c in CHAPTERS]
+
+
+@pytest.mark.parametrize("module", ["training", "translation"])
+def test_the_paper_modules_stay_readable(module):
+    "The modules of the training and results chapters hold the paper's code; plumbing goes to the modules under the hood."
+    lines = len((ROOT / "annotated_transformer" / f"{module}.py").read_text(encoding="utf-8").splitlines())
+    assert lines < 500, f"annotated_transformer/{module}.py has {lines} lines"
 
 
 # ---- The built book --------------------------------------------------------------------------------------------
+
 
 def unavailable(reason: str):
     "Skip with a visible reason on a user's machine; under CI the built book must be checked."
@@ -177,8 +284,11 @@ def test_bibliography_page_lists_every_entry():
 def test_citations_are_rendered(page):
     html = built(page)
     assert "{cite" not in html, f"{page}: a citation role was not rendered"
-    sources = (ROOT / page.replace(".html", ".md")).read_text(encoding="utf-8") if page.endswith("index.html") \
+    sources = (
+        (ROOT / page.replace(".html", ".md")).read_text(encoding="utf-8")
+        if page.endswith("index.html")
         else (ROOT / page.replace(".html", ".ipynb")).read_text(encoding="utf-8")
+    )
     if "{cite" in sources:
         assert 'href="bibliography.html#' in html, f"{page}: citations do not link to the bibliography"
 
@@ -187,9 +297,11 @@ def test_citations_are_rendered(page):
 def test_chapter_page_has_a_colab_launch_link(chapter):
     html = built(f"{chapter}.html")
     repo = CONFIG["repository"]["url"].removeprefix("https://github.com/")
-    colab = f'{CONFIG["launch_buttons"]["colab_url"]}/github/{repo}/blob/{CONFIG["repository"]["branch"]}/{chapter}.ipynb'
+    colab = (
+        f"{CONFIG['launch_buttons']['colab_url']}/github/{repo}/blob/{CONFIG['repository']['branch']}/{chapter}.ipynb"
+    )
     assert f'href="{colab}"' in html
-    binder = f'{CONFIG["launch_buttons"]["binderhub_url"]}/v2/gh/{repo}/{CONFIG["repository"]["branch"]}?urlpath=lab/tree/{chapter}.ipynb'
+    binder = f"{CONFIG['launch_buttons']['binderhub_url']}/v2/gh/{repo}/{CONFIG['repository']['branch']}?urlpath=lab/tree/{chapter}.ipynb"
     assert f'href="{binder}"' in html
     assert "On Colab or Binder, install" not in html, "the install cell is hidden in the book"
 
@@ -198,28 +310,42 @@ def test_chapter_page_has_a_colab_launch_link(chapter):
 def test_tables_that_cells_print_are_tables_on_the_page(chapter):
     "A Markdown table in a cell's output (IPython's Markdown) is rendered as an HTML table, not as text with bars."
     cells = nbformat.read(ROOT / f"{chapter}.ipynb", as_version=4).cells
-    printed = sum(bool(re.search(r"^\|(\s*:?-+:?\s*\|)+\s*$", o.get("data", {}).get("text/markdown", ""), re.M))
-                  for c in cells if c.cell_type == "code" for o in c.get("outputs", []))
+    printed = sum(
+        bool(re.search(r"^\|(\s*:?-+:?\s*\|)+\s*$", o.get("data", {}).get("text/markdown", ""), re.M))
+        for c in cells
+        if c.cell_type == "code"
+        for o in c.get("outputs", [])
+    )
     html = built(f"{chapter}.html")
     assert html.count("<table") >= printed, f"{chapter}: {printed} printed table(s), {html.count('<table')} on the page"
     text = re.sub(r"<pre.*?</pre>", "", html, flags=re.S)  # code may well contain "|---|"
     assert not re.search(r"\|\s*-{3,}\s*\|", text), f"{chapter}: a table's separator row shows as text"
 
+
 def test_api_page_documents_the_package():
     html = built("book/api.html")
     for module in MODULES:
         assert f'id="module-annotated_transformer.{module}"' in html
-    for name in ("model.make_model", "model.TransformerConfig", "translation.beam_search", "attention.attention",
-                 "multi_head.MultiHeadedAttention", "training.train", "cli.main"):
+    for name in (
+        "model.make_model",
+        "model.TransformerConfig",
+        "translation.beam_search",
+        "attention.attention",
+        "multi_head.MultiHeadedAttention",
+        "training.train",
+        "cli.main",
+    ):
         assert f'id="annotated_transformer.{name}"' in html, f"{name} is not documented"
-    # The sections link back to the chapters.
-    assert 'href="05_model.html"' in html and 'href="07_results.html"' in html
+    # The sections link back to the chapters, of both parts.
+    for chapter in ("05_model", "07_results", "09_attention_heads", "11_scaling_wmt", "a2_runs", "a5_book_tools"):
+        assert f'href="{chapter}.html"' in html, f"the API reference does not link to {chapter}"
 
 
 @pytest.mark.parametrize("chapter, following", list(zip(CHAPTERS, CHAPTERS[1:])))
 def test_each_chapter_links_on_to_the_next_one(chapter, following):
-    "The book can be read front to back: every chapter's Markdown links to the one after it in the table of contents."
-    cells = nbformat.read(ROOT / f"{chapter}.ipynb", as_version=4).cells
-    text = "\n".join(c.source for c in cells if c.cell_type == "markdown")
+    "The book can be read front to back: the summary of every chapter ends with a link to the next in the TOC."
+    last = nbformat.read(ROOT / f"{chapter}.ipynb", as_version=4).cells[-1]
+    # The last paragraph: one line as the reader sees it, however the source wraps it.
+    line = re.split(r"\n\s*\n", last.source.strip())[-1] if last.cell_type == "markdown" else ""
     target = Path(following).name + ".ipynb"
-    assert f"]({target}" in text, f"{chapter} does not link to {target}, the next chapter"
+    assert f"]({target}" in line, f"{chapter}: the summary's last line must link to {target}, the next chapter"

@@ -4,6 +4,7 @@ Runs after the book is built into _build/html (`make test` builds it first). Eac
 from 127.0.0.1; any request for anything else is blocked and counts as a failure, which is how the test
 proves the book renders offline. A screenshot of each page is saved under _build/screenshots/.
 """
+
 import functools
 import http.server
 import json
@@ -24,8 +25,15 @@ CHAPTERS = [c["file"] for part in yaml.safe_load((ROOT / "_toc.yml").read_text()
 # sphinx-thebe's configuration snippet is such a script, so every Jupyter Book 1 page declares its constants
 # twice; the first declaration stands and nothing else breaks. Any other JavaScript error fails the test.
 KNOWN_UPSTREAM_ERRORS = ("Identifier 'THEBE_JS_URL' has already been declared",)
-CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync"]
+CHROMIUM_FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 def unavailable(reason: str):
@@ -72,8 +80,11 @@ def charts_in_notebook(chapter: str) -> int:
     if not path.is_file():
         return 0
     nb = json.loads(path.read_text(encoding="utf-8"))
-    return sum('class="at-chart"' in "".join(o.get("data", {}).get("text/html", ""))
-               for c in nb["cells"] for o in c.get("outputs", []))
+    return sum(
+        'class="at-chart"' in "".join(o.get("data", {}).get("text/html", ""))
+        for c in nb["cells"]
+        for o in c.get("outputs", [])
+    )
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS)
@@ -100,7 +111,9 @@ def test_chapter_renders_offline(server, browser, chapter):
     if math:
         page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=30_000)
         page.evaluate("() => MathJax.startup.promise")
-        untypeset = page.evaluate("() => [...document.querySelectorAll('.math')].filter(m => !m.querySelector('mjx-container')).length")
+        untypeset = page.evaluate(
+            "() => [...document.querySelectorAll('.math')].filter(m => !m.querySelector('mjx-container')).length"
+        )
         assert untypeset == 0, f"{untypeset} of {math} equations were not typeset by MathJax"
 
     # Altair: every chart stored in the notebook is on the page and drew itself.
@@ -109,7 +122,8 @@ def test_chapter_renders_offline(server, browser, chapter):
     if expected:
         page.wait_for_function(
             "() => [...document.querySelectorAll('.at-chart')].every(c => c.matches('.vega-embed') && c.querySelector('svg, canvas'))",
-            timeout=30_000)
+            timeout=30_000,
+        )
         assert not [t for t in page.locator(".at-chart").all_inner_texts() if "Chart error" in t]
 
     SHOTS.mkdir(parents=True, exist_ok=True)
@@ -127,14 +141,15 @@ def test_attention_chapter_has_math_and_a_chart():
 
 
 def test_visualisation_menus_change_the_charts(server, browser):
-    """On the attention chapter, every layer and head menu (and the statistics menu) redraws its chart offline.
+    """On the chapter on the heads (Seeing the heads), every layer and head menu (and the statistics menu) redraws its chart offline.
 
     Saves a screenshot of the encoder-decoder attention chart once its menus have been changed."""
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     page.route("**/*", lambda route: route.continue_() if route.request.url.startswith(server) else route.abort())
-    page.goto(server + "book/08_attention_visualization.html", wait_until="load")
+    page.goto(server + "book/09_attention_heads.html", wait_until="load")
     page.wait_for_function(
-        "() => [...document.querySelectorAll('.at-chart')].every(c => c.querySelector('svg'))", timeout=30_000)
+        "() => [...document.querySelectorAll('.at-chart')].every(c => c.querySelector('svg'))", timeout=30_000
+    )
     charts = [c for c in page.locator(".at-chart").all() if c.locator(".vega-bindings select").count()]
     assert len(charts) == 4, "the three kinds of attention and the head statistics have menus"
     changed = 0
@@ -151,6 +166,6 @@ def test_visualisation_menus_change_the_charts(server, browser):
     assert len(cross) == 1
     page.evaluate("() => document.activeElement && document.activeElement.blur()")
     SHOTS.mkdir(parents=True, exist_ok=True)
-    cross[0].screenshot(path=str(SHOTS / "08_attention_visualization-cross-attention.png"))
+    cross[0].screenshot(path=str(SHOTS / "09_attention_heads-cross-attention.png"))
     page.close()
     assert changed >= 7  # 3 kinds x (layer, head), and the statistics menu

@@ -1,4 +1,5 @@
 """Notebook hygiene: the notebooks in book/ are stored clean, so diffs stay readable and nbval can compare."""
+
 import json
 import re
 import subprocess
@@ -40,15 +41,35 @@ def test_no_machine_specific_output(path):
 def test_tags_survive_and_chapters_open_with_a_title(path):
     nb = json.loads(path.read_text(encoding="utf-8"))
     # The title comes first, after the hidden cell that installs the package on Colab (tests/test_book.py).
-    cells = [c for c in nb["cells"] if not (c["cell_type"] == "code" and "remove-cell" in c["metadata"].get("tags", []))]
+    cells = [
+        c for c in nb["cells"] if not (c["cell_type"] == "code" and "remove-cell" in c["metadata"].get("tags", []))
+    ]
     assert cells[0]["cell_type"] == "markdown" and cells[0]["source"][0].startswith("# ")
     allowed = {"tags"}
     for cell in nb["cells"]:
         assert set(cell.get("metadata", {})) <= allowed
 
 
-def test_every_notebook_is_in_the_table_of_contents():
-    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
-    listed = {c["file"] for part in toc["parts"] for c in part["chapters"]}
-    pages = {f for f in listed if (ROOT / f"{f}.md").is_file()}  # the API reference and the bibliography
-    assert listed - pages == {f"book/{p.stem}" for p in NOTEBOOKS}
+TOC = yaml.safe_load((ROOT / "_toc.yml").read_text(encoding="utf-8"))
+PAGES = ["book/api", "book/bibliography"]  # the Reference part: Markdown pages, not notebooks
+
+
+def test_every_notebook_is_in_the_table_of_contents_in_file_name_order():
+    "File-name order is reading order: a reader who lists book/ sees the chapters as the book shows them."
+    listed = [c["file"] for part in TOC["parts"] for c in part["chapters"]]
+    notebooks = [f"book/{p.stem}" for p in NOTEBOOKS]
+    assert [f for f in listed if f not in PAGES] == notebooks, (
+        "_toc.yml must list every notebook of book/, sorted by name"
+    )
+    assert TOC["root"] == "book/index"
+
+
+def test_the_table_of_contents_has_the_paper_then_under_the_hood():
+    "Part one is the paper's chapters (NN_name), part two the machinery (aN_name), then the reference pages."
+    parts = TOC["parts"]
+    assert [p["caption"] for p in parts] == ["The paper", "Under the hood", "Reference"]
+    paper, hood, reference = ([c["file"] for c in p["chapters"]] for p in parts)
+    assert paper == [f"book/{p.stem}" for p in NOTEBOOKS if re.fullmatch(r"\d\d_\w+", p.stem)] and paper
+    assert hood == [f"book/{p.stem}" for p in NOTEBOOKS if re.fullmatch(r"a\d_\w+", p.stem)] and hood
+    assert reference == PAGES
+    assert all((ROOT / f"{page}.md").is_file() for page in PAGES)

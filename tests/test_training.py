@@ -12,8 +12,11 @@ import torch
 import torch.nn.functional as F
 
 from annotated_transformer import make_model
-from annotated_transformer.runs import (RECIPES, CheckpointError, load_checkpoint, load_task, model_from_checkpoint,
-                                        save_checkpoint)
+from annotated_transformer.distributed import (check_same_data, gather_rng_states, rank_and_world_size, seed_dropout,
+                                               share_gradients, sum_over_processes)
+from annotated_transformer.runs import (RECIPES, TASKS, TRANSLATORS, CheckpointError, RunDir, Task, TrainingState,
+                                        list_checkpoints, load_checkpoint, load_task, model_from_checkpoint, registered,
+                                        rng_state, save_checkpoint)
 from annotated_transformer.training import (BOS, EOS, PAD, LabelSmoothing, accumulate_gradients, batches_of, copy_task,
                                             greedy_decode, make_optimizer, pad_sequences, padding_fraction, plot_metrics,
                                             rate, token_batches, train)
@@ -277,6 +280,75 @@ def test_an_interrupted_run_resumes_bit_identically(tmp_path, recipe, stop):
         assert read("straight")[-1]["epoch"] >= 2  # the run crossed epoch boundaries
 
 
+def test_training_state_crosses_an_epoch_boundary_and_sums_the_window():
+    state, seen = TrainingState(), []
+    for batches in (2, 2, 1, 2):  # an epoch of 5 batches, 2 per update: the third update takes the one left
+        state.advance(batches, 5, loss=3.0, tokens=10)
+        seen.append((state.step, state.epoch, state.position))
+    assert seen == [(1, 0, 2), (2, 0, 4), (3, 1, 0), (4, 1, 2)]
+    assert (state.window_loss, state.window_tokens) == (12.0, 40)
+
+
+def test_list_checkpoints_finds_only_the_runs_own_in_step_order(tmp_path):
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    for name in ("step-000100.pt", "step-000020.pt", "step-1000000.pt", "step-best.pt", "step-3.pt", "step-000040.pt.bak",
+                 ".step-000060.pt.4242.tmp", "notes.txt", "step-000080.pth"):
+        (folder / name).write_bytes(b"")
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step-000020.pt", "step-000100.pt", "step-1000000.pt"]
+    assert list_checkpoints(tmp_path / "nothing-here") == []
+
+
+def test_run_dir_refuses_a_folder_that_holds_a_run(tmp_path):
+    cpu = torch.device("cpu")
+    with_metrics, with_checkpoint = RunDir(tmp_path / "a"), RunDir(tmp_path / "b")
+    with_metrics.path.mkdir()
+    with_metrics.metrics.write_text('{"step": 8}\n')
+    save_checkpoint(with_checkpoint.path / "checkpoints" / "step-000008.pt", {"config": {}, "model": {}, "step": 8})
+    for run in (with_metrics, with_checkpoint):
+        with pytest.raises(FileExistsError, match="already holds a run"):
+            run.start(TINY, cpu, 1, 1, resume=False)
+        assert not (run.path / "config.json").exists()
+        run.start(TINY, cpu, 1, 1, resume=True)  # continuing the run in it is allowed
+        assert json.loads((run.path / "config.json").read_text())["recipe"] == TINY.to_dict()
+    RunDir(tmp_path / "c", writer=False).start(TINY, cpu, 2, 1, resume=False)  # only the writer writes
+    assert not (tmp_path / "c").exists()
+
+
+def test_resume_restores_the_newest_checkpoint_and_forgets_metrics_logged_after_it(tmp_path):
+    cpu = torch.device("cpu")
+    torch.manual_seed(0)
+    model = make_model(13, 13, TINY.model)
+    optimizer, scheduler = make_optimizer(model, TINY.model.d_model, TINY.factor, TINY.warmup)
+    run = RunDir(tmp_path / "run")
+    run.start(TINY, cpu, 1, 1, resume=False)
+    for step in (8, 16, 24):
+        run.log({"step": step, "train_loss": 1.0})
+    state = {"config": TINY.to_dict()["model"], "recipe": TINY.to_dict(), "src_vocab": 13, "tgt_vocab": 13,
+             "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+             "epoch": 1, "position": 3, "elapsed_s": 2.5, "window": (4.0, 20), "rng": rng_state(cpu)}
+    run.save({**state, "step": 8}, 8, keep=5)
+    expected_draw = torch.rand(3)  # what dropout would draw next, at the newest checkpoint
+    run.save({**state, "step": 16}, 16, keep=5)
+    (run.path / "checkpoints" / "step-best.pt").write_bytes(b"not the run's own")
+
+    torch.manual_seed(1)
+    fresh = make_model(13, 13, TINY.model)
+    fresh_optimizer, fresh_scheduler = make_optimizer(fresh, TINY.model.d_model, TINY.factor, TINY.warmup)
+    reader = RunDir(run.path, writer=False)
+    reader.resume(TINY, fresh, fresh_optimizer, fresh_scheduler, cpu)
+    assert len(run.metrics.read_text().splitlines()) == 3  # only the writer rewrites the metrics
+    restored = RunDir(run.path).resume(TINY, fresh, fresh_optimizer, fresh_scheduler, cpu)
+    assert restored == TrainingState(step=16, epoch=1, position=3, elapsed_s=2.5, window_loss=4.0, window_tokens=20)
+    assert [json.loads(line)["step"] for line in run.metrics.read_text().splitlines()] == [8, 16]
+    assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), model.state_dict().values()))
+    assert torch.equal(torch.rand(3), expected_draw)
+    with pytest.raises(CheckpointError, match="different recipe"):
+        run.resume(TINY.replace(steps=99), fresh, fresh_optimizer, fresh_scheduler, cpu)
+    with pytest.raises(CheckpointError, match=r"written by 1 process\(es\); resume with as many \(now 2\)"):
+        run.resume(TINY, fresh, fresh_optimizer, fresh_scheduler, cpu, rank=0, world_size=2)
+
+
 def test_run_directory_contents_and_guards(tmp_path):
     run = tmp_path / "run"
     summary = train(TINY.replace(keep_checkpoints=2), run, device="cpu", progress=False)
@@ -306,12 +378,12 @@ def test_run_directory_contents_and_guards(tmp_path):
     assert len(plot_metrics(run).get_lines()) == 2
 
 
-def test_the_copy_recipe_from_the_command_line_copies_held_out_sequences_exactly(tmp_path):
+def test_the_copy_recipe_from_the_command_line_copies_held_out_sequences_exactly(tmp_path, single_threaded_env):
     "The copy task, end to end: the console script, its run directory, and exact greedy copies."
     run = tmp_path / "copy"
     cli = Path(sys.executable).with_name("annotated-transformer")
     result = subprocess.run([cli, "train", "copy", "--out", run, "--quiet", "--device", "cpu"],
-                            capture_output=True, text=True, timeout=600)
+                            capture_output=True, text=True, timeout=600, env=single_threaded_env)
     assert result.returncode == 0, result.stderr
     summary = json.loads((run / "summary.json").read_text())
     assert summary["exact_match"] >= 0.99 and summary["steps"] == RECIPES["copy"].steps
@@ -381,6 +453,14 @@ def test_the_closed_form_equals_the_kl_divergence_from_the_full_target(smoothing
 
 
 def test_tasks_are_looked_up_by_name_and_data_settings_are_checked():
+    assert registered(TASKS, "copy").__name__ == "copy_data" and set(TASKS) == {"copy", "multi30k", "wmt14"}
+    assert registered(TRANSLATORS, "words").__name__ == "Translator"
+    task = load_task(RECIPES["copy"])
+    assert isinstance(task, Task) and task.src_vocab == task.tgt_vocab == 13 and len(task.train) == 20_000
+    with pytest.raises(ValueError, match="unknown name 'nope'; the registered ones are copy, multi30k, wmt14"):
+        registered(TASKS, "nope")
+    with pytest.raises(ValueError, match="unknown name 'bytes'; the registered ones are sentencepiece, words"):
+        registered(TRANSLATORS, "bytes")
     with pytest.raises(ValueError, match="unknown task 'nope'; the tasks are .*copy"):
         load_task(dataclasses.replace(RECIPES["copy"], task="nope"))
     with pytest.raises(ValueError, match="direction must look like 'de-en'"):
@@ -392,3 +472,19 @@ def test_tasks_are_looked_up_by_name_and_data_settings_are_checked():
     with pytest.raises(ValueError, match=r"accum_steps \(4\) and tokens_per_update \(2000\) both set"):
         RECIPES["copy"].replace(tokens_per_update=2000, accum_steps=4)
     assert RECIPES["copy"].replace(tokens_per_update=2000).tokens_per_update == 2000
+
+
+def test_with_one_process_the_distributed_helpers_change_nothing():
+    cpu = torch.device("cpu")
+    model = torch.nn.Linear(2, 2)
+    assert rank_and_world_size() == (0, 1)
+    assert share_gradients(model, cpu) is model
+    assert sum_over_processes(3.5, 7, True, cpu) == (3.5, 7, True)
+    rng = rng_state(cpu)
+    assert gather_rng_states(rng, model, 1) == (rng, {})  # the checkpoint stores this process's state as it is
+    check_same_data(1, 2, 3)
+    torch.manual_seed(5)
+    seed_dropout(0)  # one process keeps the stream that made the weights
+    after = torch.rand(2)
+    torch.manual_seed(5)
+    assert torch.equal(after, torch.rand(2))

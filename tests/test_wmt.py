@@ -19,24 +19,17 @@ import torch
 
 from annotated_transformer.data import DataError, fetch, iter_lines, read_lines
 from annotated_transformer.distributed import accumulation_steps, split_for_processes, torchrun_command
-from annotated_transformer.runs import RECIPES, load_checkpoint, load_task
+from annotated_transformer.runs import RECIPES, list_checkpoints, load_checkpoint, load_task
 from annotated_transformer.training import pair_lengths, token_batches
 from annotated_transformer.wmt import (NEWSTEST2014_FILTERED, WMT14_TEXT_FILES, Subwords, TokenData, clean_pairs,
                                        length_filter, load_wmt14_test, prepare_wmt14, prepared_folder, read_corpus,
                                        wmt14_data, wmt14_file)
 
-MIRROR = os.environ.get("AT_MIRROR")
-needs_mirror = pytest.mark.skipif(not MIRROR, reason="needs AT_MIRROR (the WMT14 files; CI sets it)")
+from conftest import MIRROR, needs_mirror
 
 
 def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("AT_DATA_DIR", str(tmp_path / "cache"))
-    return tmp_path / "cache"
 
 
 # Downloads
@@ -288,9 +281,10 @@ COPY = ["train", "copy", "--device", "cpu", "--quiet", "dropout=0.0", "max_token
 
 
 def _weights(run):
-    return load_checkpoint(sorted((run / "checkpoints").glob("step-*.pt"))[-1])
+    return load_checkpoint(list_checkpoints(run)[-1])
 
 
+@pytest.mark.slow
 def test_two_processes_make_the_same_updates_as_one_process_on_both_shares(tmp_path):
     # the same 2 batches per update: 2 processes x 1 batch, or 1 process accumulating 2 batches
     steps = ["steps=12", "tokens_per_update=780", "checkpoint_every=6"]
@@ -309,6 +303,7 @@ def test_two_processes_make_the_same_updates_as_one_process_on_both_shares(tmp_p
     assert out.count('"finished": true') == 1  # one process speaks for both
 
 
+@pytest.mark.slow
 def test_a_two_process_run_killed_and_resumed_makes_the_same_updates(tmp_path):
     # The hard paths at once: an odd number of batches (one is split for 2 processes), an epoch boundary inside
     # the run with a short last update, checkpoints by the clock (one after every update here), dropout.
@@ -342,29 +337,25 @@ def test_a_two_process_run_killed_and_resumed_makes_the_same_updates(tmp_path):
 _GRADIENTS = '''
 import sys, torch, torch.distributed as dist
 from annotated_transformer import make_model
-from annotated_transformer.distributed import split_for_processes
+from annotated_transformer.distributed import process_share, share_gradients, split_for_processes
 from annotated_transformer.training import (LabelSmoothing, accumulate_gradients, batches_of, copy_task, pair_lengths,
                                             token_batches)
 world = int(sys.argv[2]) if len(sys.argv) > 2 else 1
 if world > 1:
     dist.init_process_group("gloo")
-rank = dist.get_rank() if world > 1 else 0
 torch.manual_seed(0)
 model = make_model(13, 13, N=1, d_model=32, d_ff=64, h=4, dropout=0.0)
 pairs = copy_task(200, seed=3)
 lengths = pair_lengths(pairs)
 update = split_for_processes(token_batches(*lengths, 120, seed=0), 2)[:6]  # 3 batches a process
-criterion = LabelSmoothing(13, 0, 0.1)
-if world > 1:
-    ddp = torch.nn.parallel.DistributedDataParallel(model)
-    tokens = sum(lengths[1][i] for b in update for i in b)
-    accumulate_gradients(ddp, [batches_of(pairs, b) for b in update[rank::world]], criterion, normalizer=tokens / world)
-else:
-    accumulate_gradients(model, [batches_of(pairs, b) for b in update], criterion)
-torch.save([p.grad for p in model.parameters()], f"{sys.argv[1]}/{rank if world > 1 else 'one'}.pt")
+mine, normalizer = process_share(update, lengths[1])  # the training loop's own share and normalizer
+learner = share_gradients(model, torch.device("cpu"))
+accumulate_gradients(learner, [batches_of(pairs, b) for b in mine], LabelSmoothing(13, 0, 0.1), normalizer=normalizer)
+torch.save([p.grad for p in model.parameters()], f"{sys.argv[1]}/{dist.get_rank() if world > 1 else 'one'}.pt")
 '''
 
 
+@pytest.mark.slow
 def test_two_processes_compute_the_gradient_of_the_whole_update(tmp_path):
     # Adam hides a wrong gradient scale (it divides it out), so the scale is checked on the gradients themselves.
     script = tmp_path / "gradients.py"

@@ -1,26 +1,105 @@
 """The Annotated Transformer: "Attention Is All You Need" as a book of runnable notebooks and the package they export.
 
-This file is written by hand: it only re-exports the public names of the generated modules.
+This file is written by hand. It re-exports the public names of the generated modules lazily (PEP 562): a name is
+imported from its module the first time it is used, so `import annotated_transformer` (and the command line) does
+not pay for Altair, spaCy, sacreBLEU or SentencePiece unless something needs them.
 """
+
+import importlib
+
 __version__ = "0.1.0"
 
+# `attention` is both a module and its function. Importing any module of the package that uses it binds the package's
+# name `attention` to the module, so the function is bound here first and for good (it costs only torch).
 from .attention import attention, subsequent_mask
-from .multi_head import MultiHeadedAttention, record_attention
-from .layers import DecoderLayer, EncoderLayer, PositionwiseFeedForward, SublayerConnection
-from .encoding import Embeddings, LearnedPositionalEmbedding, PositionalEncoding, sinusoidal_encoding
-from .model import Decoder, Encoder, EncoderDecoder, Generator, TransformerConfig, make_model
-from .data import DataError, data_dir, fetch, load_multi30k, read_lines
-from .runs import (RECIPES, TASKS, CheckpointError, Recipe, RunDir, load_checkpoint,
-                   model_from_checkpoint, record_result, save_checkpoint)
-from .distributed import accumulation_steps, launch, process_group
-from .training import (Batch, LabelSmoothing, accumulate_gradients, cached_run, greedy_decode, make_optimizer, rate,
-                       token_batches, train)
-from .translation import (Hypothesis, IncrementalDecoder, Translator, Vocab, WordTokenizer, average_checkpoints, beam_search,
-                          corpus_scores, decode_batches, evaluate_translator, greedy_search, length_penalty)
-from .charts import chart_html, use_book_charts, vendor_javascript
-from .bench import (bench_table, bench_training, bench_translation, decoding_time_split, run_benchmark, use_path,
-                    write_benchmark)
-from .viz import (CapturedAttention, attention_chart, attention_explorer, attention_overview, capture_attention,
-                  head_statistics, head_statistics_chart, uniform_attention)
-from .wmt import (Subwords, SubwordTranslator, TokenData, clean_pairs, evaluate_wmt14, load_wmt14_test,
-                  prepare_wmt14, tokenized_bleu)
+
+_MODULES = {  # module: the public names it exports through the package
+    "multi_head": ["MultiHeadedAttention", "record_attention"],
+    "layers": ["DecoderLayer", "EncoderLayer", "PositionwiseFeedForward", "SublayerConnection"],
+    "encoding": ["Embeddings", "LearnedPositionalEmbedding", "PositionalEncoding", "sinusoidal_encoding"],
+    "model": ["Decoder", "Encoder", "EncoderDecoder", "Generator", "TransformerConfig", "make_model"],
+    "data": ["DataError", "data_dir", "fetch", "load_multi30k", "read_lines"],
+    "runs": [
+        "RECIPES",
+        "TASKS",
+        "CheckpointError",
+        "Recipe",
+        "RunDir",
+        "load_checkpoint",
+        "model_from_checkpoint",
+        "record_result",
+        "save_checkpoint",
+    ],
+    "distributed": ["accumulation_steps", "launch", "process_group"],
+    "training": [
+        "Batch",
+        "LabelSmoothing",
+        "accumulate_gradients",
+        "cached_run",
+        "greedy_decode",
+        "make_optimizer",
+        "rate",
+        "token_batches",
+        "train",
+    ],
+    "translation": [
+        "Hypothesis",
+        "IncrementalDecoder",
+        "Translator",
+        "Vocab",
+        "WordTokenizer",
+        "average_checkpoints",
+        "beam_search",
+        "corpus_scores",
+        "decode_batches",
+        "evaluate_translator",
+        "greedy_search",
+        "length_penalty",
+    ],
+    "charts": ["chart_html", "use_book_charts", "vendor_javascript"],
+    "bench": [
+        "bench_table",
+        "bench_training",
+        "bench_translation",
+        "decoding_time_split",
+        "run_benchmark",
+        "use_path",
+        "write_benchmark",
+    ],
+    "viz": [
+        "CapturedAttention",
+        "attention_chart",
+        "attention_explorer",
+        "attention_overview",
+        "capture_attention",
+        "head_statistics",
+        "head_statistics_chart",
+        "uniform_attention",
+    ],
+    "wmt": [
+        "Subwords",
+        "SubwordTranslator",
+        "TokenData",
+        "clean_pairs",
+        "evaluate_wmt14",
+        "load_wmt14_test",
+        "prepare_wmt14",
+        "tokenized_bleu",
+    ],
+}
+_HOME = {name: module for module, names in _MODULES.items() for name in names}
+
+__all__ = ["__version__", "attention", "subsequent_mask", *_HOME]
+
+
+def __getattr__(name: str):
+    "A public name, imported from its module on first use (and kept, so that this runs once per name)."
+    if name not in _HOME:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_HOME[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

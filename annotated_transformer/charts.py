@@ -17,20 +17,30 @@ import tempfile
 import urllib.request
 from pathlib import Path
 
-import altair as alt
-
 # %% ../book/a5_book_tools.ipynb #f5287c94
 JS_ASSETS = {
     # npm name: (version, sha512 integrity of the registry tarball, files to keep from its `package/` folder)
-    "vega": ("6.3.0", "sha512-L/ykPslBI5QiElzs7jD01c/0EP2yzJ0SdQ3WLZkgBsmykNkhfilWLAa24RzDx67rilNLdeBCJVCmogi40xJ6yA==",
-             ("LICENSE", "build/vega.min.js")),
-    "vega-lite": ("6.4.1", "sha512-KO3ybHNouRK4A0al/+2fN9UqgTEfxrd/ntGLY933Hg5UOYotDVQdshR3zn7OfXwQ7uj0W96Vfa5R+QxO8am3IQ==",
-                  ("LICENSE", "build/vega-lite.min.js")),
-    "vega-embed": ("7.3.0", "sha512-wQ8s5GaSzqoKgmRfbRolgBrjE2CP7ZKHXqH7NijxMqPjpdWxSs4Dn8tvp9g0giQvh2cK+3p56sxjWWM0wNngGw==",
-                   ("LICENSE", "build/vega-embed.min.js")),
+    "vega": (
+        "6.3.0",
+        "sha512-L/ykPslBI5QiElzs7jD01c/0EP2yzJ0SdQ3WLZkgBsmykNkhfilWLAa24RzDx67rilNLdeBCJVCmogi40xJ6yA==",
+        ("LICENSE", "build/vega.min.js"),
+    ),
+    "vega-lite": (
+        "6.4.1",
+        "sha512-KO3ybHNouRK4A0al/+2fN9UqgTEfxrd/ntGLY933Hg5UOYotDVQdshR3zn7OfXwQ7uj0W96Vfa5R+QxO8am3IQ==",
+        ("LICENSE", "build/vega-lite.min.js"),
+    ),
+    "vega-embed": (
+        "7.3.0",
+        "sha512-wQ8s5GaSzqoKgmRfbRolgBrjE2CP7ZKHXqH7NijxMqPjpdWxSs4Dn8tvp9g0giQvh2cK+3p56sxjWWM0wNngGw==",
+        ("LICENSE", "build/vega-embed.min.js"),
+    ),
     # MathJax's combined TeX-to-HTML component, the fonts it loads and the extensions it may load on demand.
-    "mathjax": ("3.2.2", "sha512-Bt+SSVU8eBG27zChVewOicYs7Xsdt40qm4+UpHyX7k0/O9NliPc+x77k1/FEsPsjKPZGJvtRZM1vO+geW0OhGw==",
-                ("LICENSE", "es5/tex-chtml.js", "es5/output/chtml/fonts/woff-v2/", "es5/input/tex/extensions/", "es5/ui/")),
+    "mathjax": (
+        "3.2.2",
+        "sha512-Bt+SSVU8eBG27zChVewOicYs7Xsdt40qm4+UpHyX7k0/O9NliPc+x77k1/FEsPsjKPZGJvtRZM1vO+geW0OhGw==",
+        ("LICENSE", "es5/tex-chtml.js", "es5/output/chtml/fonts/woff-v2/", "es5/input/tex/extensions/", "es5/ui/"),
+    ),
 }
 "The JavaScript the rendered book needs, pinned: the chart libraries Altair's Vega-Lite 6 specs need, and MathJax 3."
 
@@ -70,8 +80,10 @@ def vendor_javascript(dest, registry: str = NPM_REGISTRY, *, quiet: bool = False
             with urllib.request.urlopen(url, timeout=120) as response:
                 data = response.read()
         except OSError as err:
-            raise RuntimeError(f"could not download {url} ({err}); the book needs it to render offline. "
-                               "Check the network, or point `registry` at a reachable npm registry.") from err
+            raise RuntimeError(
+                f"could not download {url} ({err}); the book needs it to render offline. "
+                "Check the network, or point `registry` at a reachable npm registry."
+            ) from err
         if _integrity(data) != integrity:
             raise RuntimeError(f"{url} does not match its pinned checksum {integrity}; refusing to use it.")
         tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=dest))
@@ -127,21 +139,26 @@ def chart_html(spec: dict, embed_options=None) -> str:
     options = {"actions": False, "renderer": "svg", **(embed_options or {})}
     # "</" inside a string of the spec would end the <script> element early; "<\/" means the same in JSON.
     text = json.dumps(spec, sort_keys=True).replace("</", "<\\/")
-    urls = {name: f"{CDN}/{name}@{JS_ASSETS[name][0]}/{path.split('/', 1)[1]}"
-            for name, path in zip(("vega", "vega-lite", "vega-embed"), CHART_SCRIPTS)}
-    return _CHART_TEMPLATE.format(div_id="at-chart-" + hashlib.sha1(text.encode()).hexdigest()[:12],
-                                  urls=json.dumps(urls), spec=text, options=json.dumps(options, sort_keys=True))
+    urls = {
+        name: f"{CDN}/{name}@{JS_ASSETS[name][0]}/{path.split('/', 1)[1]}"
+        for name, path in zip(("vega", "vega-lite", "vega-embed"), CHART_SCRIPTS)
+    }
+    return _CHART_TEMPLATE.format(
+        div_id="at-chart-" + hashlib.sha1(text.encode()).hexdigest()[:12],
+        urls=json.dumps(urls),
+        spec=text,
+        options=json.dumps(options, sort_keys=True),
+    )
 
 
 def book_renderer(spec: dict, **metadata) -> dict:
     "An Altair renderer whose output works in the offline book and in Jupyter alike (see `chart_html`)."
-    return {"text/html": chart_html(spec, metadata.get("embed_options")),
-            "text/plain": "<Vega-Lite chart>"}
-
-
-alt.renderers.register("annotated_transformer", book_renderer)
+    return {"text/html": chart_html(spec, metadata.get("embed_options")), "text/plain": "<Vega-Lite chart>"}
 
 
 def use_book_charts() -> None:
     "Make Altair draw every chart with `book_renderer`."
+    import altair as alt
+
+    alt.renderers.register("annotated_transformer", book_renderer)
     alt.renderers.enable("annotated_transformer")

@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = ['UsageError', 'parse_override', 'build_parser', 'main']
 
-# %% ../book/a4_command_line.ipynb #ecf3b7b4
+# %% ../book/a4_command_line.ipynb #f7112498
 import argparse
 import json
 import math
@@ -15,22 +15,12 @@ from pathlib import Path
 
 import torch
 
-from .bench import bench_table, run_benchmark, write_benchmark
 from .distributed import process_group
 from .runs import RECIPES, record_result
-from .training import train
-from .translation import (ALPHA, BEAM_SIZE, EXTRA_LEN, Translator, checkpoints_to_average,
-                                               evaluate_translator)
-from .wmt import WMT14_CORPORA, SubwordTranslator, evaluate_wmt14, prepare_wmt14, prepared_folder
 
-
+# %% ../book/a4_command_line.ipynb #e899107d
 class UsageError(Exception):
     "A mistake in the command's arguments."
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, raised, instead of argparse's usage block and exit
-        raise UsageError(message)
 
 
 def parse_override(text: str) -> tuple[str, object]:
@@ -46,9 +36,17 @@ def parse_override(text: str) -> tuple[str, object]:
     except json.JSONDecodeError:
         return key, raw
 
+# %% ../book/a4_command_line.ipynb #e0502fe3
+class _Parser(argparse.ArgumentParser):
+    "An argument parser that raises `UsageError` where argparse would print its usage and exit."
+
+    def error(self, message):
+        raise UsageError(message)
+
 
 def _non_negative(kind):
     "An argparse type: a finite number of `kind` (int or float) that is not negative."
+
     def convert(text: str):
         try:
             value = kind(text)
@@ -57,10 +55,12 @@ def _non_negative(kind):
         if not (value >= 0 and math.isfinite(value)):
             raise argparse.ArgumentTypeError(f"expected a {'whole ' if kind is int else ''}number >= 0, got {text!r}")
         return value
+
     return convert
 
 
 def _positive(text: str) -> int:
+    "An argparse type: a whole number of at least 1."
     try:
         value = int(text)
     except ValueError:
@@ -70,97 +70,153 @@ def _positive(text: str) -> int:
     return value
 
 
-def _decoding_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--checkpoint", nargs="+", required=True, type=Path, metavar="PATH",
-                        help="a checkpoint, several (averaged), or a run directory (its last checkpoints, averaged)")
-    parser.add_argument("--beam-size", type=_positive, default=BEAM_SIZE,
-                        help=f"beams per sentence; 1 is greedy (default {BEAM_SIZE})")
-    parser.add_argument("--alpha", type=_non_negative(float), default=ALPHA,
-                        help=f"length penalty exponent (default {ALPHA})")
-    parser.add_argument("--extra-len", type=_non_negative(int), default=EXTRA_LEN,
-                        help=f"how much longer than its source a translation may be (default {EXTRA_LEN})")
-    parser.add_argument("--average", type=_positive, help="with a run directory: how many of its last checkpoints to "
-                        "average (default: the recipe's average_checkpoints)")
-    parser.add_argument("--device", help="cpu, cuda, cuda:N or mps (default: the best available)")
+def _device(name: str | None):
+    "The `--device` option as a torch.device; None (not given) lets the code called choose the best one."
+    try:
+        return torch.device(name) if name else None
+    except RuntimeError:
+        raise UsageError(f"--device {name!r} is not a device name (cpu, cuda, cuda:N, mps)") from None
 
-
-def build_parser() -> argparse.ArgumentParser:
-    "The `annotated-transformer` argument parser."
-    parser = _Parser(prog="annotated-transformer",
-                     description="Train and use the Transformer of 'Attention Is All You Need'.")
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+# %% ../book/a4_command_line.ipynb #603b8fae
+def _add_train(commands) -> None:
+    "The `train` command's arguments."
     train_cmd = commands.add_parser(
-        "train", help="train a recipe", usage="annotated-transformer train RECIPE [options] [KEY=VALUE ...]",
+        "train",
+        help="train a recipe",
+        usage="annotated-transformer train RECIPE [options] [KEY=VALUE ...]",
         description="Train a recipe into a run directory. KEY=VALUE words change a recipe or model setting, "
-                    "e.g. steps=200 d_model=128 clip_norm=null.")
+        "e.g. steps=200 d_model=128 clip_norm=null.",
+    )
     train_cmd.add_argument("recipe", help=f"the recipe: {', '.join(RECIPES)}")
     train_cmd.add_argument("--out", type=Path, help="run directory (default: runs/RECIPE)")
     train_cmd.add_argument("--resume", action="store_true", help="continue the run in --out from its newest checkpoint")
     train_cmd.add_argument("--device", help="cpu, cuda, cuda:N or mps (default: the best available)")
     train_cmd.add_argument("--quiet", action="store_true", help="no progress bar")
     train_cmd.add_argument("--compile", action="store_true", help="compile the model with torch.compile (for GPUs)")
-    train_cmd.epilog = ("In several processes: torchrun --nproc-per-node=N -m annotated_transformer train RECIPE ... "
-                        "(one process per GPU; gloo on CPUs)")
+    train_cmd.epilog = (
+        "In several processes: torchrun --nproc-per-node=N -m annotated_transformer train RECIPE ... "
+        "(one process per GPU; gloo on CPUs)"
+    )
+
+
+def _train(args, settings: dict) -> dict:
+    "Run `train`: the recipe with its KEY=VALUE settings, trained into its run directory; returns the summary."
+    from annotated_transformer.training import train
+
+    if args.recipe not in RECIPES:
+        raise UsageError(f"unknown recipe {args.recipe!r}; the recipes are: {', '.join(RECIPES)}")
+    try:
+        recipe = RECIPES[args.recipe].replace(**settings)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    with process_group(_device(args.device)) as device:  # under torchrun: one of several processes
+        return train(
+            recipe,
+            args.out or Path("runs") / recipe.name,
+            device=device,
+            resume=args.resume,
+            progress=not args.quiet,
+            compile=args.compile,
+        )
+
+# %% ../book/a4_command_line.ipynb #ec8da12a
+def _add_prepare(commands) -> None:
+    "The `prepare` command's arguments."
+    from annotated_transformer.wmt import WMT14_CORPORA
+
     prepare_cmd = commands.add_parser(
-        "prepare", help="download and prepare WMT14 English-German for training",
+        "prepare",
+        help="download and prepare WMT14 English-German for training",
         description="Download the WMT14 English-German training corpora (checksummed, resumed when cut short; "
-                    "from $AT_MIRROR/wmt14 when set), clean them, learn one SentencePiece BPE vocabulary for both "
-                    "languages, and write the memory-mapped token files that the wmt14 recipes train on.")
+        "from $AT_MIRROR/wmt14 when set), clean them, learn one SentencePiece BPE vocabulary for both "
+        "languages, and write the memory-mapped token files that the wmt14 recipes train on.",
+    )
     prepare_cmd.add_argument("dataset", choices=["wmt14-en-de"], help="the data set: wmt14-en-de")
-    prepare_cmd.add_argument("--out", type=Path, help="folder (default: $AT_DATA_DIR/wmt14-en-de, or "
-                                                      "wmt14-en-de-sample with --corpus sample)")
-    prepare_cmd.add_argument("--corpus", nargs="+", choices=[*WMT14_CORPORA, "sample"], default=list(WMT14_CORPORA),
-                             help="corpora to train on (default: all three, about 4.5M pairs; sample: 10,000 pairs)")
+    prepare_cmd.add_argument(
+        "--out",
+        type=Path,
+        help="folder (default: $AT_DATA_DIR/wmt14-en-de, or wmt14-en-de-sample with --corpus sample)",
+    )
+    prepare_cmd.add_argument(
+        "--corpus",
+        nargs="+",
+        choices=[*WMT14_CORPORA, "sample"],
+        default=list(WMT14_CORPORA),
+        help="corpora to train on (default: all three, about 4.5M pairs; sample: 10,000 pairs)",
+    )
     prepare_cmd.add_argument("--direction", default="en-de", choices=["en-de", "de-en"], help="default: en-de")
     prepare_cmd.add_argument("--vocab-size", type=_positive, default=37_000, help="subword vocabulary (default 37000)")
-    prepare_cmd.add_argument("--subword-sentences", type=_positive, default=2_000_000,
-                             help="sentences sampled to learn the subwords from (default 2000000)")
+    prepare_cmd.add_argument(
+        "--subword-sentences",
+        type=_positive,
+        default=2_000_000,
+        help="sentences sampled to learn the subwords from (default 2000000)",
+    )
     prepare_cmd.add_argument("--quiet", action="store_true", help="no progress bars")
-    translate_cmd = commands.add_parser(
-        "translate", help="translate sentences from stdin",
-        description="Translate standard input, one sentence per line, to standard output, in the same order. "
-                    "An empty line gives an empty line.")
-    _decoding_options(translate_cmd)
-    evaluate_cmd = commands.add_parser(
-        "evaluate", help="BLEU of a trained model on a Multi30k split, or on newstest2014",
-        description="Translate a Multi30k split (a WMT14 model: newstest2014) with beam search and print sacreBLEU "
-                    "(with its signature) and chrF. "
-                    "With a checkpoint of a run, the scores also go into the run's summary.json and into --results.")
-    _decoding_options(evaluate_cmd)
-    evaluate_cmd.add_argument("--split", default="test", choices=["valid", "test"], help="default: test (test2016); a WMT14 model is always scored on newstest2014")
-    evaluate_cmd.add_argument("--results", type=Path, default=Path("results"),
-                              help="folder for the results file (default: results)")
-    evaluate_cmd.add_argument("--hypotheses", type=Path, help="also write the translations to this file")
-    bench_cmd = commands.add_parser(
-        "bench", help="measure training and translation speed on this machine",
-        description="Measure training throughput (straightforward and fast paths) and translation throughput "
-                    "(with and without the incremental cache), and write OUT/bench-<device>.json and .md.")
-    bench_cmd.add_argument("--checkpoint", nargs="+", type=Path, metavar="PATH",
-                           help="a trained Multi30k translator for the translation part: checkpoint(s) or a run "
-                                "directory (default: runs/multi30k-cpu)")
-    bench_cmd.add_argument("--no-translation", action="store_true", help="measure training only")
-    bench_cmd.add_argument("--device", help="cpu, cuda, cuda:N or mps (default: the best available)")
-    bench_cmd.add_argument("--repeats", type=_positive, default=3, help="repetitions of each measurement (default 3)")
-    bench_cmd.add_argument("--compile", action=argparse.BooleanOptionalAction,
-                           help="also measure the fast path under torch.compile (default: on CUDA only)")
-    bench_cmd.add_argument("--out", type=Path, default=Path("results"), help="folder for the results (default: results)")
-    return parser
 
 
-def _device(name: str | None):
-    try:
-        return torch.device(name) if name else None
-    except RuntimeError:
-        raise UsageError(f"--device {name!r} is not a device name (cpu, cuda, cuda:N, mps)") from None
+def _prepare(args) -> dict:
+    "Run `prepare`: the WMT14 data, downloaded, cleaned and encoded into a folder; returns its manifest."
+    from annotated_transformer.wmt import prepare_wmt14, prepared_folder
+
+    default = prepared_folder("wmt14-en-de-sample" if args.corpus == ["sample"] else None)
+    manifest = prepare_wmt14(
+        args.out or default,
+        corpora=tuple(args.corpus),
+        direction=args.direction,
+        vocab_size=args.vocab_size,
+        subword_sentences=args.subword_sentences,
+        progress=not args.quiet,
+    )
+    print(f"prepared in {args.out or default}", file=sys.stderr)
+    return manifest
+
+# %% ../book/a4_command_line.ipynb #f19d5bdc
+def _decoding_options(parser: argparse.ArgumentParser) -> None:
+    "The arguments of the commands that translate: the checkpoints and the decoding settings."
+    from annotated_transformer.translation import ALPHA, BEAM_SIZE, EXTRA_LEN
+
+    parser.add_argument(
+        "--checkpoint",
+        nargs="+",
+        required=True,
+        type=Path,
+        metavar="PATH",
+        help="a checkpoint, several (averaged), or a run directory (its last checkpoints, averaged)",
+    )
+    parser.add_argument(
+        "--beam-size", type=_positive, default=BEAM_SIZE, help=f"beams per sentence; 1 is greedy (default {BEAM_SIZE})"
+    )
+    parser.add_argument(
+        "--alpha", type=_non_negative(float), default=ALPHA, help=f"length penalty exponent (default {ALPHA})"
+    )
+    parser.add_argument(
+        "--extra-len",
+        type=_non_negative(int),
+        default=EXTRA_LEN,
+        help=f"how much longer than its source a translation may be (default {EXTRA_LEN})",
+    )
+    parser.add_argument(
+        "--average",
+        type=_positive,
+        help="with a run directory: how many of its last checkpoints to "
+        "average (default: the recipe's average_checkpoints)",
+    )
+    parser.add_argument("--device", help="cpu, cuda, cuda:N or mps (default: the best available)")
 
 
 def _resolve_checkpoints(paths: list[Path], average: int | None) -> tuple[list[Path], Path | None]:
     "The checkpoint files to load, and the run directory they belong to (None when they are loose files)."
+    from annotated_transformer.translation import checkpoints_to_average
+
     if len(paths) == 1 and paths[0].is_dir():
         run_dir = paths[0]
         if average is None:
-            average = json.loads((run_dir / "config.json").read_text())["recipe"].get("average_checkpoints", 1) \
-                if (run_dir / "config.json").exists() else 1
+            average = (
+                json.loads((run_dir / "config.json").read_text())["recipe"].get("average_checkpoints", 1)
+                if (run_dir / "config.json").exists()
+                else 1
+            )
         return checkpoints_to_average(run_dir, average), run_dir
     if average is not None:
         raise UsageError("--average needs a run directory as --checkpoint")
@@ -171,29 +227,22 @@ def _resolve_checkpoints(paths: list[Path], average: int | None) -> tuple[list[P
     run_dir = next(iter(parents)).parent if len(parents) == 1 else None
     return paths, run_dir if run_dir is not None and (run_dir / "config.json").exists() else None
 
-
-def _train(args, settings) -> dict:
-    if args.recipe not in RECIPES:
-        raise UsageError(f"unknown recipe {args.recipe!r}; the recipes are: {', '.join(RECIPES)}")
-    try:
-        recipe = RECIPES[args.recipe].replace(**settings)
-    except ValueError as err:
-        raise UsageError(str(err)) from None
-    with process_group(_device(args.device)) as device:  # under torchrun: one of several processes
-        return train(recipe, args.out or Path("runs") / recipe.name, device=device, resume=args.resume,
-                     progress=not args.quiet, compile=args.compile)
-
-
-def _prepare(args) -> dict:
-    default = prepared_folder("wmt14-en-de-sample" if args.corpus == ["sample"] else None)
-    manifest = prepare_wmt14(args.out or default, corpora=tuple(args.corpus), direction=args.direction,
-                             vocab_size=args.vocab_size, subword_sentences=args.subword_sentences,
-                             progress=not args.quiet)
-    print(f"prepared in {args.out or default}", file=sys.stderr)
-    return manifest
+# %% ../book/a4_command_line.ipynb #139a9e19
+def _add_translate(commands) -> None:
+    "The `translate` command's arguments."
+    translate_cmd = commands.add_parser(
+        "translate",
+        help="translate sentences from stdin",
+        description="Translate standard input, one sentence per line, to standard output, in the same order. "
+        "An empty line gives an empty line.",
+    )
+    _decoding_options(translate_cmd)
 
 
 def _translate(args) -> None:
+    "Run `translate`: standard input to standard output, line by line, in UTF-8."
+    from annotated_transformer.translation import Translator
+
     paths, _ = _resolve_checkpoints(args.checkpoint, args.average)
     translator = Translator.from_checkpoint(*paths, device=_device(args.device))
     # UTF-8 whatever the locale says (a replaced sys.stdin, e.g. in a notebook, is already text)
@@ -201,8 +250,9 @@ def _translate(args) -> None:
     lines = text.split("\n")
     if lines and lines[-1] == "":
         lines.pop()
-    translations = translator.translate([line.removesuffix("\r") for line in lines], args.beam_size, args.alpha,
-                                        args.extra_len)
+    translations = translator.translate(
+        [line.removesuffix("\r") for line in lines], args.beam_size, args.alpha, args.extra_len
+    )
     out = "".join(t + "\n" for t in translations)
     if hasattr(sys.stdout, "buffer"):
         sys.stdout.flush()
@@ -211,50 +261,127 @@ def _translate(args) -> None:
     else:
         sys.stdout.write(out)
 
+# %% ../book/a4_command_line.ipynb #28d7a7d0
+def _add_evaluate(commands) -> None:
+    "The `evaluate` command's arguments."
+    evaluate_cmd = commands.add_parser(
+        "evaluate",
+        help="BLEU of a trained model on a Multi30k split, or on newstest2014",
+        description="Translate a Multi30k split (a WMT14 model: newstest2014) with beam search and print sacreBLEU "
+        "(with its signature) and chrF. "
+        "With a checkpoint of a run, the scores also go into the run's summary.json and into --results.",
+    )
+    _decoding_options(evaluate_cmd)
+    evaluate_cmd.add_argument(
+        "--split",
+        default="test",
+        choices=["valid", "test"],
+        help="default: test (test2016); a WMT14 model is always scored on newstest2014",
+    )
+    evaluate_cmd.add_argument(
+        "--results", type=Path, default=Path("results"), help="folder for the results file (default: results)"
+    )
+    evaluate_cmd.add_argument("--hypotheses", type=Path, help="also write the translations to this file")
+
 
 def _evaluate(args) -> dict:
+    "Run `evaluate`: translate the test set, print the scores and record them with the run; returns them."
+    from annotated_transformer.translation import Translator, evaluate_translator
+    from annotated_transformer.wmt import SubwordTranslator, evaluate_wmt14
+
     paths, run_dir = _resolve_checkpoints(args.checkpoint, args.average)
     translator = Translator.from_checkpoint(*paths, device=_device(args.device))
     if isinstance(translator, SubwordTranslator):  # a WMT14 model: newstest2014, full and filtered
         evaluation = evaluate_wmt14(translator, args.beam_size, args.alpha, args.extra_len)
-        evaluation["checkpoints"] = [p.name for p in paths]
-        print(f"newstest2014, sacreBLEU: {evaluation['bleu_full']} (wmt14/full, 3003 lines), {evaluation['bleu_filtered']} "
-              f"(wmt14, 2737 lines) ({evaluation['bleu_signature']})")
-        print(f"tokenized BLEU with compounds split (the paper's kind; not comparable with sacreBLEU): "
-              f"{evaluation['tokenized_bleu_filtered']}")
-        if args.hypotheses:
-            args.hypotheses.write_text("".join(h + "\n" for h in evaluation["hypotheses"]), encoding="utf-8")
-        if run_dir is not None:
-            print(f"recorded in {run_dir / 'summary.json'} and {record_result(run_dir, evaluation, args.results)}")
-        return evaluation
-    evaluation = evaluate_translator(translator, args.split, args.beam_size, args.alpha, args.extra_len)
+        report = (
+            f"newstest2014, sacreBLEU: {evaluation['bleu_full']} (wmt14/full, 3003 lines), "
+            f"{evaluation['bleu_filtered']} (wmt14, 2737 lines) ({evaluation['bleu_signature']})\n"
+            f"tokenized BLEU with compounds split (the paper's kind; not comparable with sacreBLEU): "
+            f"{evaluation['tokenized_bleu_filtered']}"
+        )
+    else:
+        evaluation = evaluate_translator(translator, args.split, args.beam_size, args.alpha, args.extra_len)
+        report = (
+            f"{evaluation['bleu_detail']} ({evaluation['bleu_signature']})\n"
+            f"chrF {evaluation['chrf']} ({evaluation['chrf_signature']})\n"
+            f"tokenized, lowercased BLEU (older tutorials' number; not comparable): "
+            f"{evaluation['tokenized_lowercase_bleu']}"
+        )
     evaluation["checkpoints"] = [p.name for p in paths]
-    print(f"{evaluation['bleu_detail']} ({evaluation['bleu_signature']})")
-    print(f"chrF {evaluation['chrf']} ({evaluation['chrf_signature']})")
-    print(f"tokenized, lowercased BLEU (older tutorials' number; not comparable): {evaluation['tokenized_lowercase_bleu']}")
+    print(report)
     if args.hypotheses:
         args.hypotheses.write_text("".join(h + "\n" for h in evaluation["hypotheses"]), encoding="utf-8")
     if run_dir is not None:
         print(f"recorded in {run_dir / 'summary.json'} and {record_result(run_dir, evaluation, args.results)}")
     return evaluation
 
+# %% ../book/a4_command_line.ipynb #af6c1b35
+def _add_bench(commands) -> None:
+    "The `bench` command's arguments."
+    bench_cmd = commands.add_parser(
+        "bench",
+        help="measure training and translation speed on this machine",
+        description="Measure training throughput (straightforward and fast paths) and translation throughput "
+        "(with and without the incremental cache), and write OUT/bench-<device>.json and .md.",
+    )
+    bench_cmd.add_argument(
+        "--checkpoint",
+        nargs="+",
+        type=Path,
+        metavar="PATH",
+        help="a trained Multi30k translator for the translation part: checkpoint(s) or a run "
+        "directory (default: runs/multi30k-cpu)",
+    )
+    bench_cmd.add_argument("--no-translation", action="store_true", help="measure training only")
+    bench_cmd.add_argument("--device", help="cpu, cuda, cuda:N or mps (default: the best available)")
+    bench_cmd.add_argument("--repeats", type=_positive, default=3, help="repetitions of each measurement (default 3)")
+    bench_cmd.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        help="also measure the fast path under torch.compile (default: on CUDA only)",
+    )
+    bench_cmd.add_argument(
+        "--out", type=Path, default=Path("results"), help="folder for the results (default: results)"
+    )
+
 
 def _bench(args) -> dict:
+    "Run `bench`: measure, write the results files, print the table; returns the results."
+    from annotated_transformer.bench import bench_table, run_benchmark, write_benchmark
+
     checkpoint = None
     if not args.no_translation:
         if args.checkpoint is None and not Path("runs/multi30k-cpu").exists():
-            raise UsageError("the translation benchmark needs a trained Multi30k translator: train one with "
-                             "`annotated-transformer train multi30k-cpu` (about 27 minutes on 2 CPU cores), pass "
-                             "--checkpoint, or measure training only with --no-translation")
+            raise UsageError(
+                "the translation benchmark needs a trained Multi30k translator: train one with "
+                "`annotated-transformer train multi30k-cpu` (about 27 minutes on 2 CPU cores), pass "
+                "--checkpoint, or measure training only with --no-translation"
+            )
         checkpoint, _ = _resolve_checkpoints(args.checkpoint or [Path("runs/multi30k-cpu")], None)
-    result = run_benchmark(device=_device(args.device), checkpoint=checkpoint, repeats=args.repeats,
-                           compile=args.compile, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    result = run_benchmark(
+        device=_device(args.device),
+        checkpoint=checkpoint,
+        repeats=args.repeats,
+        compile=args.compile,
+        progress=lambda line: print(line, file=sys.stderr, flush=True),
+    )
     paths = write_benchmark(result, args.out)
     print(bench_table(result))
     print(f"\nwritten: {paths[0]} and {paths[1]}")
     return result
 
+# %% ../book/a4_command_line.ipynb #3b09303c
+def build_parser() -> argparse.ArgumentParser:
+    "The `annotated-transformer` argument parser."
+    parser = _Parser(
+        prog="annotated-transformer", description="Train and use the Transformer of 'Attention Is All You Need'."
+    )
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for add_command in (_add_train, _add_prepare, _add_translate, _add_evaluate, _add_bench):
+        add_command(commands)
+    return parser
 
+# %% ../book/a4_command_line.ipynb #88975b3f
 def main(argv=None) -> int:
     """The command line: `annotated-transformer train | prepare | translate | evaluate | bench ...` (see `--help`).
 
@@ -283,8 +410,11 @@ def main(argv=None) -> int:
         print(f"annotated-transformer: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("annotated-transformer: interrupted" + ("; continue with --resume" if args and args.command == "train" else ""),
-              file=sys.stderr)
+        print(
+            "annotated-transformer: interrupted"
+            + ("; continue with --resume" if args and args.command == "train" else ""),
+            file=sys.stderr,
+        )
         return 130
     except Exception as err:  # noqa: BLE001 - the command line reports, the library raises
         print(f"annotated-transformer: error: {err}", file=sys.stderr)

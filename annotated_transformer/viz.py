@@ -9,8 +9,8 @@ __all__ = ['KINDS', 'STATISTICS', 'CapturedAttention', 'capture_attention', 'att
 # %% ../book/09_attention_heads.ipynb #490bc14b
 import json
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import altair as alt
 import torch
 from torch import Tensor
 
@@ -18,6 +18,9 @@ from .attention import subsequent_mask
 from .multi_head import MultiHeadedAttention, record_attention
 from .training import BOS, EOS, PAD, pad_sequences
 from .translation import Translator, decode_batches
+
+if TYPE_CHECKING:  # Altair is imported where a chart is drawn; here it only names the charts' types
+    import altair as alt
 
 # %% ../book/09_attention_heads.ipynb #0bbeff10
 KINDS = {"encoder": "Encoder self-attention", "decoder": "Decoder self-attention", "cross": "Encoder-decoder attention"}
@@ -107,13 +110,15 @@ def _records(weights: Tensor) -> list[dict]:
             for l in range(layers) for h in range(heads) for q in range(n_q) for k in range(n_k)]
 
 
-def _token_axis(tokens: list[str], title: str, **kwargs) -> alt.Axis:
+def _token_axis(tokens: list[str], title: str, **kwargs) -> "alt.Axis":
     "An axis of positions labelled with their tokens (positions, not words, are the keys: words repeat)."
+    import altair as alt
+
     return alt.Axis(title=title, labelExpr=f"{json.dumps(tokens)}[datum.value]", labelOverlap=False, **kwargs)
 
 
 def attention_chart(weights: Tensor, row_tokens: list[str], col_tokens: list[str], title: str = "",
-                    name: str = "attention", cell: int = 18) -> alt.Chart:
+                    name: str = "attention", cell: int = 18) -> "alt.Chart":
     """An interactive heat map of attention weights: one row per query token, one column per key token.
 
     `weights` is (queries, keys) for one head, or (layers, heads, queries, keys): then two drop-down menus pick
@@ -122,6 +127,8 @@ def attention_chart(weights: Tensor, row_tokens: list[str], col_tokens: list[str
     two tokens and the weight. `name` prefixes the parameters' names: charts concatenated together need
     different ones.
     """
+    import altair as alt
+
     if weights.dim() == 2:
         weights = weights[None, None]
     if weights.dim() != 4:
@@ -150,20 +157,24 @@ def attention_chart(weights: Tensor, row_tokens: list[str], col_tokens: list[str
 
 
 def attention_explorer(translator: Translator, sentence: str, target: str | None = None,
-                       beam_size: int = 4) -> alt.VConcatChart:
+                       beam_size: int = 4) -> "alt.VConcatChart":
     """The three kinds of attention of `translator` for one sentence, each with its own layer and head menus.
 
     The decoder reads `target` if given, else the translator's own translation (beam search). Use it in
     Jupyter: `attention_explorer(Translator.from_checkpoint("runs/multi30k-cpu/checkpoints/..."), "Ein Hund.")`.
     """
+    import altair as alt
+
     captured = capture_attention(translator, [sentence], None if target is None else [target], beam_size)
     weights = captured.pair(0)
     return alt.vconcat(*(attention_chart(weights[kind], *captured.labels(0, kind), title=title, name=kind)
                          for kind, title in KINDS.items())).resolve_scale(color="shared")
 
 
-def attention_overview(weights: Tensor, title: str = "", cell: int = 5) -> alt.FacetChart:
+def attention_overview(weights: Tensor, title: str = "", cell: int = 5) -> "alt.FacetChart":
     "Small multiples of (layers, heads, queries, keys) weights: a grid with one small heat map per layer and head."
+    import altair as alt
+
     layers, heads, n_q, n_k = weights.shape
     return alt.Chart(alt.Data(values=_records(weights))).mark_rect().encode(
         x=alt.X("key:O", axis=None), y=alt.Y("query:O", axis=None),
@@ -229,8 +240,10 @@ def head_statistics(captured: CapturedAttention) -> list[dict]:
     return records
 
 
-def head_statistics_chart(statistics: list[dict]) -> alt.Chart:
+def head_statistics_chart(statistics: list[dict]) -> "alt.Chart":
     """Bars of one statistic for every head, sorted; a drop-down menu picks the statistic (see `STATISTICS`)."""
+    import altair as alt
+
     names = [n for n in STATISTICS if n != "uniform_entropy"]
     rows = [{"head": f"{KINDS[r['kind']].split()[0].lower()} L{r['layer']} H{r['head']}", "kind": KINDS[r["kind"]],
              "statistic": name, "value": r[name]} for r in statistics for name in names if name in r]

@@ -1,8 +1,10 @@
-"""The book's chart renderer and the vendored JavaScript (book/00_charts.ipynb)."""
+"""The book's chart renderer and the vendored JavaScript (book/a5_book_tools.ipynb)."""
+
 import base64
 import hashlib
 import io
 import json
+import re
 import tarfile
 from pathlib import Path
 
@@ -11,7 +13,14 @@ import pytest
 import yaml
 
 from annotated_transformer import charts
-from annotated_transformer.charts import CHART_SCRIPTS, JS_ASSETS, book_renderer, chart_html, use_book_charts, vendor_javascript
+from annotated_transformer.charts import (
+    CHART_SCRIPTS,
+    JS_ASSETS,
+    book_renderer,
+    chart_html,
+    use_book_charts,
+    vendor_javascript,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 SPEC = {"mark": "point", "data": {"values": [{"x": 1}]}, "encoding": {"x": {"field": "x", "type": "quantitative"}}}
@@ -68,6 +77,17 @@ def test_the_book_loads_exactly_the_vendored_files():
         name, inside = path.split("/", 1)
         assert any(inside == w or (w.endswith("/") and inside.startswith(w)) for w in JS_ASSETS[name][2]), path
     assert not (ROOT / "_static").exists(), "Jupyter Book would add every .js under _static/ to every page"
+
+
+def test_the_readme_lists_the_vendored_javascript_with_its_pinned_versions():
+    "The README's table (| library | version | licence |) names every package of JS_ASSETS, at its pinned version."
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    table = re.search(r"^\| library \| version \| licence \|\n\|[-|]+\|\n((?:\|.*\|\n)+)", readme, flags=re.M)
+    assert table, "README.md has no table | library | version | licence |"
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in table.group(1).splitlines()]
+    assert all(len(row) == 3 and row[2] for row in rows), rows  # every library has its licence
+    listed = {library.lower(): version for library, version, _ in rows}
+    assert listed == {name: version for name, (version, _, _) in JS_ASSETS.items()}
 
 
 def fake_package(files: dict) -> bytes:

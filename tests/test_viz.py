@@ -1,4 +1,4 @@
-"""Attention visualisation (chapter 8): capturing the weights, the charts, and the head statistics."""
+"""Attention visualisation (book/09_attention_heads.ipynb): capturing the weights, the charts, and the head statistics."""
 import copy
 import math
 

@@ -239,7 +239,7 @@ def head_statistics(captured: CapturedAttention) -> list[dict]:
                 records.append(record)
     return records
 
-
+# %% ../book/09_attention_heads.ipynb #7a43f493
 def head_statistics_chart(statistics: list[dict]) -> "alt.Chart":
     """Bars of one statistic for every head, sorted; a drop-down menu picks the statistic (see `STATISTICS`)."""
     import altair as alt

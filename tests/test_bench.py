@@ -1,18 +1,18 @@
-"""The benchmark (chapter 10) and the fast paths it times: each fast path computes what the educational one does."""
+"""The benchmark (the speed chapter, 10_speed) and the fast paths it times: each fast path computes what the educational one does."""
 import json
-import time
 from pathlib import Path
 
 import pytest
 import torch
+from torch.profiler import ProfilerActivity, profile
 from torch.utils.flop_counter import FlopCounterMode
 
 from annotated_transformer import (MultiHeadedAttention, RECIPES, IncrementalDecoder, TransformerConfig, make_model,
-                                   subsequent_mask, train)
+                                   make_optimizer, subsequent_mask, train)
 from annotated_transformer.bench import (FusedMultiHeadedAttention, PeakMemory, bench_table, bench_training, bench_translation,
                                          decoding_time_split, device_slug, peak_flops, run_benchmark,
-                                         straightforward_batches, summarize, training_flops, use_path,
-                                         write_benchmark)
+                                         straightforward_batches, summarize, traced_calls, training_flops,
+                                         use_path, write_benchmark)
 from annotated_transformer.cli import main
 from annotated_transformer.training import BOS, EOS, PAD, Batch, LabelSmoothing, copy_task, pad_sequences
 from annotated_transformer.translation import decode_batches
@@ -200,10 +200,22 @@ def copy_pairs(n: int):
 
 
 @pytest.mark.parametrize("path", ["straightforward", "fast"])
-def test_training_benchmark_reports_real_tokens_and_padding(path):
+def test_training_benchmark_reports_real_tokens_and_padding(path, monkeypatch):
+    import annotated_transformer.bench as bench
+
+    made = []
+
+    def recorded(model, d_model, *args, **kwargs):  # the training chapter's optimizer, seen being built
+        made.append(make_optimizer(model, d_model, *args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(bench, "make_optimizer", recorded)
     pairs = copy_pairs(400)
     r = bench_training(TINY, pairs, 13, 13, path, "cpu", max_tokens=200, updates=2, warmup=1, repeats=2)
-    assert r["path"] == path and r["tokens_per_s"]["n"] == 2 and r["tokens_per_s"]["min"] > 0
+    optimizer, scheduler = made[0]
+    assert len(made) == 1 and scheduler.last_epoch == 1 + 2 * 2  # every update (warm-up, 2 x 2 timed) stepped it
+    assert optimizer.param_groups[0]["betas"] == (0.9, 0.98) and r["fused_adam"] is False
+    assert r["path"] == path and r["tokens_per_s"]["n"] == 2
     assert r["mfu"] is None and r["bf16_autocast"] is False
     tokens = r["real_tokens_per_update"]
     assert 0 < tokens <= 200 and r["flops_per_token"] > 6 * 32 * 32
@@ -234,35 +246,41 @@ def test_translation_benchmark_compares_identical_outputs():
         assert cached["flops"] < uncached["flops"]
 
 
+def _sources():
+    return [torch.randint(4, 30, (n,), generator=torch.Generator().manual_seed(n)).tolist() + [EOS]
+            for n in (3, 9, 5, 12, 7)]
+
+
 @pytest.mark.parametrize("cache", [True, False])
-def test_the_time_split_puts_each_part_in_its_place_and_removes_its_clocks(cache, monkeypatch):
-    """Sleeps in the output layer, the encoder and the decoder's reordering of rows must each land in their own
-    part (the output layer although it runs inside the decoder's steps), and none in the search; afterwards the
-    decoder class, the modules and the outputs are as they were, also after a run that fails."""
+def test_the_profiler_sees_each_call_of_each_part(cache):
+    """Greedy decoding of 5 sentences, 4 per batch: per batch one encoder call and one set-up, one step and one
+    output layer per position of its longest translation (with </s>), one select after every step but the last."""
     model = _sharp_model(6).float()
-    sources = [torch.randint(4, 30, (n,), generator=torch.Generator().manual_seed(n)).tolist() + [EOS]
-               for n in (3, 9, 5, 12, 7)]
+    sources = _sources()
+    with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
+        outputs = decode_batches(model, sources, 4, 1, cache=cache)
+    calls = traced_calls(prof.profiler.kineto_results.events(), model)
+    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))  # how decode_batches batches them
+    steps = [max(len(outputs[i]) + 1 for i in order[start:start + 4]) for start in (0, 4)]
+    assert {kind: len(durations) for kind, durations in calls.items()} == {
+        "encoder": 2, "setup": 2, "step": sum(steps), "output_layer": sum(steps), "select": sum(steps) - 2}
+    assert all(d >= 0 for durations in calls.values() for d in durations)
+
+
+@pytest.mark.parametrize("cache", [True, False])
+def test_the_time_split_adds_up_and_leaves_everything_as_it_was(cache):
+    """The parts are non-negative and add up to the total; each part the run has is non-zero; afterwards (also
+    after a run that fails) the model, its modules and the decoder class are unchanged, no profiler is left
+    running, and decoding gives what it gave before."""
+    model = _sharp_model(6).float()
+    sources = _sources()
     expected = decode_batches(model, sources, 4, 2, cache=cache)
-    slept = {"output_layer": 0.0, "encoder": 0.0, "decoder": 0.0}
-
-    def sleeping(function, part, pause=0.02):
-        def run(*args, **kwargs):
-            time.sleep(pause)
-            slept[part] += pause
-            return function(*args, **kwargs)
-        return run
-
-    model.generator.forward = sleeping(model.generator.forward, "output_layer")
-    model.encoder.forward = sleeping(model.encoder.forward, "encoder", pause=0.1)  # called once per batch: 2 here
-    monkeypatch.setattr(IncrementalDecoder, "select", sleeping(IncrementalDecoder.select, "decoder"))
-    classes = {name: vars(IncrementalDecoder)[name] for name in ("__init__", "step", "select")}
-    modules = model.generator.forward, model.encoder.forward
+    classes = dict(vars(IncrementalDecoder))
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
     split = decoding_time_split(model, sources, 4, 2, cache)
-    assert all(split[part] >= slept[part] > 0 for part in slept)
-    assert split["decoder"] < slept["decoder"] + slept["output_layer"]  # the output layer is not the decoder's
-    assert 0 < split["search"] < min(slept.values())  # a tiny model: its own work is far below any part's sleeps
-    assert {name: vars(IncrementalDecoder)[name] for name in classes} == classes
-    assert (model.generator.forward, model.encoder.forward) == modules
+    assert list(split) == ["encoder", "decoder", "output_layer", "search", "total"]
+    assert all(split[part] > 0 for part in split)
+    assert sum(split[part] for part in ("encoder", "decoder", "output_layer", "search")) == pytest.approx(split["total"])
 
     def broken(x):
         raise RuntimeError("the output layer failed")
@@ -270,10 +288,36 @@ def test_the_time_split_puts_each_part_in_its_place_and_removes_its_clocks(cache
     model.generator.forward = broken
     with pytest.raises(RuntimeError, match="output layer failed"):
         decoding_time_split(model, sources, 4, 2, cache)
-    assert model.generator.forward is broken and {name: vars(IncrementalDecoder)[name] for name in classes} == classes
-    del model.generator.forward, model.encoder.forward
-    monkeypatch.undo()
+    del model.generator.forward
+    assert not torch.autograd.profiler._is_profiler_enabled
+    assert dict(vars(IncrementalDecoder)) == classes
+    assert all(not m._forward_hooks and not m._forward_pre_hooks and "forward" not in vars(m) for m in model.modules())
+    assert all(torch.equal(weights[k], v) for k, v in model.state_dict().items())
     assert decode_batches(model, sources, 4, 2, cache=cache) == expected
+
+
+def test_traced_calls_attribute_calls_by_name():
+    """Events named as the profiler names them land in their kinds, whatever the path before the file name;
+    other calls (another module, another function of the same file) are left out."""
+    class Event:
+        def __init__(self, name, ns):
+            self._name, self._ns = name, ns
+
+        def name(self):
+            return self._name
+
+        def duration_ns(self):
+            return self._ns
+
+    model = _sharp_model(0)
+    step = IncrementalDecoder.step.__code__
+    events = [Event("nn.Module: Encoder_0", 5_000), Event("nn.Module: EncoderLayer_0", 1),
+              Event(f"/somewhere/annotated_transformer/translation.py({step.co_firstlineno}): step", 7_000),
+              Event(f"annotated_transformer\\translation.py({step.co_firstlineno}): step", 3_000),
+              Event(f"translation.py({step.co_firstlineno + 1}): step", 1),
+              Event("nn.Module: Generator_0", 2_000), Event("aten::mm", 1)]
+    assert traced_calls(events, model) == {"encoder": [5e-6], "output_layer": [2e-6], "setup": [],
+                                           "step": [7e-6, 3e-6], "select": []}
 
 
 @pytest.fixture(scope="module")
@@ -335,7 +379,7 @@ def test_bench_command_needs_a_translator_or_no_translation(tmp_path, monkeypatc
 
 
 def test_bench_command_without_translation(tmp_path, monkeypatch, capsys):
-    import annotated_transformer.cli as cli
+    import annotated_transformer.bench as bench  # the command imports run_benchmark from here when it runs
 
     seen = {}
 
@@ -344,7 +388,7 @@ def test_bench_command_without_translation(tmp_path, monkeypatch, capsys):
         return run_benchmark(**kwargs, updates=1, models={"tiny": (TINY, 300)})
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(cli, "run_benchmark", quick)
+    monkeypatch.setattr(bench, "run_benchmark", quick)
     assert main(["bench", "--no-translation", "--repeats", "1", "--device", "cpu"]) == 0
     assert seen["checkpoint"] is None and seen["compile"] is None
     assert "Translation: not measured" in capsys.readouterr().out
@@ -352,12 +396,12 @@ def test_bench_command_without_translation(tmp_path, monkeypatch, capsys):
 
 
 def test_bench_command_writes_the_results(tiny_translator, tmp_path, monkeypatch, capsys):
-    import annotated_transformer.cli as cli
+    import annotated_transformer.bench as bench  # the command imports run_benchmark from here when it runs
 
     def quick(**kwargs):  # the command's own arguments, with a tiny model and few sentences
         return run_benchmark(**kwargs, updates=1, sentences={1: 1, 64: 3}, models={"tiny": (TINY, 300)})
 
-    monkeypatch.setattr(cli, "run_benchmark", quick)
+    monkeypatch.setattr(bench, "run_benchmark", quick)
     assert main(["bench", "--checkpoint", str(tiny_translator), "--repeats", "1", "--device", "cpu",
                  "--out", str(tmp_path / "out")]) == 0
     out, err = capsys.readouterr()

@@ -1,4 +1,5 @@
 """pytest settings shared by the package tests and nbval's notebook tests (`pytest tests book --nbval`)."""
+
 import os
 from pathlib import Path
 

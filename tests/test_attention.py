@@ -1,4 +1,5 @@
 """Scaled dot-product attention (book/01_attention.ipynb) against an independent reference."""
+
 import math
 
 import numpy as np
@@ -57,7 +58,11 @@ def test_matches_reference(shapes, masked):
 
 def test_masked_weights_are_exactly_zero_and_rows_sum_to_one():
     gen = torch.Generator().manual_seed(1)
-    q, k, v = torch.randn(4, 6, 8, generator=gen), torch.randn(4, 9, 8, generator=gen), torch.randn(4, 9, 8, generator=gen)
+    q, k, v = (
+        torch.randn(4, 6, 8, generator=gen),
+        torch.randn(4, 9, 8, generator=gen),
+        torch.randn(4, 9, 8, generator=gen),
+    )
     mask = random_mask(gen, (4, 6, 9))
     mask[:, :, 0] = True  # every query may see at least one key
     _, weights = attention(q, k, v, mask)
@@ -67,7 +72,11 @@ def test_masked_weights_are_exactly_zero_and_rows_sum_to_one():
 
 def test_padding_mask_broadcasts_over_queries():
     gen = torch.Generator().manual_seed(2)
-    q, k, v = torch.randn(2, 5, 8, generator=gen), torch.randn(2, 7, 8, generator=gen), torch.randn(2, 7, 8, generator=gen)
+    q, k, v = (
+        torch.randn(2, 5, 8, generator=gen),
+        torch.randn(2, 7, 8, generator=gen),
+        torch.randn(2, 7, 8, generator=gen),
+    )
     pad = (torch.arange(7) < torch.tensor([7, 3])[:, None])[:, None, :]  # (batch, 1, n_k)
     out, weights = attention(q, k, v, pad)
     assert torch.all(weights[1, :, 3:] == 0)
@@ -105,7 +114,11 @@ def test_non_boolean_mask_is_refused_with_advice():
 
 def test_dropout_only_in_training():
     gen = torch.Generator().manual_seed(3)
-    q, k, v = torch.randn(2, 6, 8, generator=gen), torch.randn(2, 6, 8, generator=gen), torch.randn(2, 6, 8, generator=gen)
+    q, k, v = (
+        torch.randn(2, 6, 8, generator=gen),
+        torch.randn(2, 6, 8, generator=gen),
+        torch.randn(2, 6, 8, generator=gen),
+    )
     plain, plain_weights = attention(q, k, v)
     dropout = torch.nn.Dropout(p=0.5)
 
@@ -123,7 +136,11 @@ def test_dropout_only_in_training():
 
 def test_bfloat16_inputs():
     gen = torch.Generator().manual_seed(4)
-    q, k, v = torch.randn(2, 4, 6, 16, generator=gen), torch.randn(2, 4, 7, 16, generator=gen), torch.randn(2, 4, 7, 16, generator=gen)
+    q, k, v = (
+        torch.randn(2, 4, 6, 16, generator=gen),
+        torch.randn(2, 4, 7, 16, generator=gen),
+        torch.randn(2, 4, 7, 16, generator=gen),
+    )
     mask = subsequent_mask(7)[:, :6]
     out, weights = attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), mask)
     assert out.dtype == weights.dtype == torch.bfloat16
@@ -135,7 +152,11 @@ def test_bfloat16_inputs():
 @pytest.mark.parametrize("case", ["none", "padding", "causal", "fully masked row"])
 def test_agrees_with_torch_sdpa(case):
     gen = torch.Generator().manual_seed(5)
-    q, k, v = torch.randn(2, 4, 6, 8, generator=gen), torch.randn(2, 4, 9, 8, generator=gen), torch.randn(2, 4, 9, 8, generator=gen)
+    q, k, v = (
+        torch.randn(2, 4, 6, 8, generator=gen),
+        torch.randn(2, 4, 9, 8, generator=gen),
+        torch.randn(2, 4, 9, 8, generator=gen),
+    )
     masks = {
         "none": None,
         "padding": (torch.arange(9) < torch.tensor([9, 4])[:, None])[:, None, None, :],

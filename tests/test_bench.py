@@ -1,4 +1,5 @@
 """The benchmark (the speed chapter, 10_speed) and the fast paths it times: each fast path computes what the educational one does."""
+
 import json
 from pathlib import Path
 
@@ -7,12 +8,33 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 from torch.utils.flop_counter import FlopCounterMode
 
-from annotated_transformer import (MultiHeadedAttention, RECIPES, IncrementalDecoder, TransformerConfig, make_model,
-                                   make_optimizer, subsequent_mask, train)
-from annotated_transformer.bench import (FusedMultiHeadedAttention, PeakMemory, bench_table, bench_training, bench_translation,
-                                         decoding_time_split, device_slug, peak_flops, run_benchmark,
-                                         straightforward_batches, summarize, traced_calls, training_flops,
-                                         use_path, write_benchmark)
+from annotated_transformer import (
+    MultiHeadedAttention,
+    RECIPES,
+    IncrementalDecoder,
+    TransformerConfig,
+    make_model,
+    make_optimizer,
+    subsequent_mask,
+    train,
+)
+from annotated_transformer.bench import (
+    FusedMultiHeadedAttention,
+    PeakMemory,
+    bench_table,
+    bench_training,
+    bench_translation,
+    decoding_time_split,
+    device_slug,
+    peak_flops,
+    run_benchmark,
+    straightforward_batches,
+    summarize,
+    traced_calls,
+    training_flops,
+    use_path,
+    write_benchmark,
+)
 from annotated_transformer.cli import main
 from annotated_transformer.training import BOS, EOS, PAD, Batch, LabelSmoothing, copy_task, pad_sequences
 from annotated_transformer.translation import decode_batches
@@ -21,6 +43,7 @@ TINY = TransformerConfig(N=1, d_model=32, d_ff=64, h=2)
 
 
 # The fast paths compute the same function
+
 
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_fast_and_straightforward_paths_give_the_same_loss_and_gradients(norm_first):
@@ -52,8 +75,10 @@ def test_fused_projections_equal_the_separate_ones_for_each_kind_of_input():
         separate = mha.w_q(query), mha.w_k(key), mha.w_v(value)
         for a, b in zip(fused, separate):
             torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
-        grads = [torch.autograd.grad(sum((t * w).sum() for t, w in zip(outs, (1.0, 2.0, 3.0))), mha.w_k.weight)[0]
-                 for outs in (fused, separate)]
+        grads = [
+            torch.autograd.grad(sum((t * w).sum() for t, w in zip(outs, (1.0, 2.0, 3.0))), mha.w_k.weight)[0]
+            for outs in (fused, separate)
+        ]
         torch.testing.assert_close(grads[0], grads[1], atol=1e-12, rtol=1e-12)
 
 
@@ -64,16 +89,16 @@ def test_fused_projections_are_one_matrix_product(monkeypatch):
     linear = torch.nn.functional.linear
     monkeypatch.setattr(torch.nn.functional, "linear", lambda *a, **k: calls.append(a[1].shape) or linear(*a, **k))
     mha.project(x, x, x)
-    assert calls == [(96, 32)]                      # Q, K, V: one product with the stacked weights
+    assert calls == [(96, 32)]  # Q, K, V: one product with the stacked weights
     calls.clear()
     mha.project(x, y, y)
-    assert calls == [(32, 32), (64, 32)]            # Q alone, then K and V together
+    assert calls == [(32, 32), (64, 32)]  # Q alone, then K and V together
     calls.clear()
     mha(x, x, x)
-    assert calls == [(96, 32), (32, 32)]            # the fast path uses it (then W^O)
+    assert calls == [(96, 32), (32, 32)]  # the fast path uses it (then W^O)
     calls.clear()
     MultiHeadedAttention(4, 32, dropout=0.0, explicit=True)(x, x, x)
-    assert calls == [(32, 32)] * 4                  # the book's path: four separate products
+    assert calls == [(32, 32)] * 4  # the book's path: four separate products
 
 
 def _sharp_model(seed: int):
@@ -102,7 +127,9 @@ def test_beams_share_their_sentence_memory_and_match_a_full_pass(cache):
         # Reorder the beams inside each sentence, then drop the first sentence.
         decoder.select(torch.tensor([2, 0, 1, 5, 5, 3]))
         order = [2, 0, 1, 5, 5, 3]
-        again = model.generator(model.decode(memory[rows[order]], src_mask[rows[order]], tgt[order], subsequent_mask(6)))
+        again = model.generator(
+            model.decode(memory[rows[order]], src_mask[rows[order]], tgt[order], subsequent_mask(6))
+        )
         torch.testing.assert_close(decoder.step(tgt[order, 3]), again[:, 3], atol=1e-10, rtol=1e-10)
         decoder.select(torch.tensor([3, 4, 5]))
         kept = [order[i] for i in (3, 4, 5)]
@@ -136,14 +163,16 @@ def test_a_beam_group_must_come_from_one_sentence():
     model = _sharp_model(5)
     src = pad_sequences([[5, 6, EOS], [7, EOS]])
     with torch.no_grad():
-        decoder = IncrementalDecoder(model, model.encode(src, (src != PAD)[:, None, :]), (src != PAD)[:, None, :],
-                                     beam_size=2)
+        decoder = IncrementalDecoder(
+            model, model.encode(src, (src != PAD)[:, None, :]), (src != PAD)[:, None, :], beam_size=2
+        )
         decoder.step(torch.full((4,), BOS))
         with pytest.raises(ValueError, match="whole groups of 2 rows"):
             decoder.select(torch.tensor([0, 2, 1, 3]))
 
 
 # Pieces of the benchmark
+
 
 def test_straightforward_batches_cover_every_sentence_once_in_random_order():
     batches = straightforward_batches(103, 10, seed=7)
@@ -171,8 +200,9 @@ def test_training_flops_count_what_runs_forward_and_backward():
         with counter:
             log_probs = model.generator(model(batch.src, batch.tgt_in, batch.src_mask, batch.tgt_mask))
             log_probs.sum().backward()
-        assert counter.get_total_flops() == pytest.approx(training_flops(model, [src_len] * 3, [tgt_len - 1] * 3),
-                                                          rel=1e-9)
+        assert counter.get_total_flops() == pytest.approx(
+            training_flops(model, [src_len] * 3, [tgt_len - 1] * 3), rel=1e-9
+        )
 
 
 def test_flops_of_the_cpu_attention_kernel_are_counted():
@@ -232,23 +262,30 @@ def test_training_benchmark_refuses_unknown_paths_and_too_few_batches():
         bench_training(TINY, copy_pairs(50), 13, 13, "fast", "cpu", max_tokens=200, updates=10, warmup=1)
 
 
+@pytest.mark.slow
 def test_translation_benchmark_compares_identical_outputs():
     model = _sharp_model(6).float()
-    sources = [torch.randint(4, 30, (n,), generator=torch.Generator().manual_seed(n)).tolist() + [EOS]
-               for n in (3, 9, 5, 12, 7)]
-    cases = bench_translation(model, sources, "cpu", batch_sizes=(1, 4), beam_sizes=(1, 2), repeats=1,
-                              sentences={1: 2})
+    sources = [
+        torch.randint(4, 30, (n,), generator=torch.Generator().manual_seed(n)).tolist() + [EOS]
+        for n in (3, 9, 5, 12, 7)
+    ]
+    cases = bench_translation(model, sources, "cpu", batch_sizes=(1, 4), beam_sizes=(1, 2), repeats=1, sentences={1: 2})
     assert [(c["batch_size"], c["beam_size"], c["cache"]) for c in cases] == [
-        (b, k, cache) for b in (1, 4) for k in (1, 2) for cache in (True, False)]
+        (b, k, cache) for b in (1, 4) for k in (1, 2) for cache in (True, False)
+    ]
     for cached, uncached in zip(cases[::2], cases[1::2]):
         assert cached["same_as_other_path"] == uncached["same_as_other_path"] == 1.0
-        assert cached["output_tokens"] == uncached["output_tokens"] and cached["sentences"] == (2 if cached["batch_size"] == 1 else 5)
+        assert cached["output_tokens"] == uncached["output_tokens"] and cached["sentences"] == (
+            2 if cached["batch_size"] == 1 else 5
+        )
         assert cached["flops"] < uncached["flops"]
 
 
 def _sources():
-    return [torch.randint(4, 30, (n,), generator=torch.Generator().manual_seed(n)).tolist() + [EOS]
-            for n in (3, 9, 5, 12, 7)]
+    return [
+        torch.randint(4, 30, (n,), generator=torch.Generator().manual_seed(n)).tolist() + [EOS]
+        for n in (3, 9, 5, 12, 7)
+    ]
 
 
 @pytest.mark.parametrize("cache", [True, False])
@@ -261,9 +298,14 @@ def test_the_profiler_sees_each_call_of_each_part(cache):
         outputs = decode_batches(model, sources, 4, 1, cache=cache)
     calls = traced_calls(prof.profiler.kineto_results.events(), model)
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))  # how decode_batches batches them
-    steps = [max(len(outputs[i]) + 1 for i in order[start:start + 4]) for start in (0, 4)]
+    steps = [max(len(outputs[i]) + 1 for i in order[start : start + 4]) for start in (0, 4)]
     assert {kind: len(durations) for kind, durations in calls.items()} == {
-        "encoder": 2, "setup": 2, "step": sum(steps), "output_layer": sum(steps), "select": sum(steps) - 2}
+        "encoder": 2,
+        "setup": 2,
+        "step": sum(steps),
+        "output_layer": sum(steps),
+        "select": sum(steps) - 2,
+    }
     assert all(d >= 0 for durations in calls.values() for d in durations)
 
 
@@ -280,7 +322,9 @@ def test_the_time_split_adds_up_and_leaves_everything_as_it_was(cache):
     split = decoding_time_split(model, sources, 4, 2, cache)
     assert list(split) == ["encoder", "decoder", "output_layer", "search", "total"]
     assert all(split[part] > 0 for part in split)
-    assert sum(split[part] for part in ("encoder", "decoder", "output_layer", "search")) == pytest.approx(split["total"])
+    assert sum(split[part] for part in ("encoder", "decoder", "output_layer", "search")) == pytest.approx(
+        split["total"]
+    )
 
     def broken(x):
         raise RuntimeError("the output layer failed")
@@ -299,6 +343,7 @@ def test_the_time_split_adds_up_and_leaves_everything_as_it_was(cache):
 def test_traced_calls_attribute_calls_by_name():
     """Events named as the profiler names them land in their kinds, whatever the path before the file name;
     other calls (another module, another function of the same file) are left out."""
+
     class Event:
         def __init__(self, name, ns):
             self._name, self._ns = name, ns
@@ -311,37 +356,67 @@ def test_traced_calls_attribute_calls_by_name():
 
     model = _sharp_model(0)
     step = IncrementalDecoder.step.__code__
-    events = [Event("nn.Module: Encoder_0", 5_000), Event("nn.Module: EncoderLayer_0", 1),
-              Event(f"/somewhere/annotated_transformer/translation.py({step.co_firstlineno}): step", 7_000),
-              Event(f"annotated_transformer\\translation.py({step.co_firstlineno}): step", 3_000),
-              Event(f"translation.py({step.co_firstlineno + 1}): step", 1),
-              Event("nn.Module: Generator_0", 2_000), Event("aten::mm", 1)]
-    assert traced_calls(events, model) == {"encoder": [5e-6], "output_layer": [2e-6], "setup": [],
-                                           "step": [7e-6, 3e-6], "select": []}
+    events = [
+        Event("nn.Module: Encoder_0", 5_000),
+        Event("nn.Module: EncoderLayer_0", 1),
+        Event(f"/somewhere/annotated_transformer/translation.py({step.co_firstlineno}): step", 7_000),
+        Event(f"annotated_transformer\\translation.py({step.co_firstlineno}): step", 3_000),
+        Event(f"translation.py({step.co_firstlineno + 1}): step", 1),
+        Event("nn.Module: Generator_0", 2_000),
+        Event("aten::mm", 1),
+    ]
+    assert traced_calls(events, model) == {
+        "encoder": [5e-6],
+        "output_layer": [2e-6],
+        "setup": [],
+        "step": [7e-6, 3e-6],
+        "select": [],
+    }
 
 
 @pytest.fixture(scope="module")
 def tiny_translator(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("runs") / "multi30k-tiny"
-    recipe = RECIPES["multi30k-cpu"].replace(N=1, d_model=32, d_ff=64, max_len=64, steps=20, max_tokens=1500,
-                                             warmup=10, eval_every=20, checkpoint_every=20, keep_checkpoints=1,
-                                             average_checkpoints=1)
+    recipe = RECIPES["multi30k-cpu"].replace(
+        N=1,
+        d_model=32,
+        d_ff=64,
+        max_len=64,
+        steps=20,
+        max_tokens=1500,
+        warmup=10,
+        eval_every=20,
+        checkpoint_every=20,
+        keep_checkpoints=1,
+        average_checkpoints=1,
+    )
     train(recipe, run_dir, progress=False)
     return run_dir
 
 
+@pytest.mark.slow
 def test_the_whole_benchmark_writes_results_and_a_table(tiny_translator, tmp_path):
     checkpoint = sorted((tiny_translator / "checkpoints").glob("*.pt"))
     lines = []
-    result = run_benchmark(device="cpu", checkpoint=checkpoint, repeats=1, updates=1, sentences={1: 2, 64: 6},
-                           models={"tiny": (TINY, 300)}, progress=lines.append)
+    result = run_benchmark(
+        device="cpu",
+        checkpoint=checkpoint,
+        repeats=1,
+        updates=1,
+        sentences={1: 2, 64: 6},
+        models={"tiny": (TINY, 300)},
+        progress=lines.append,
+    )
     assert lines[:2] == ["training tiny: straightforward", "training tiny: fast"]
     assert [r["path"] for r in result["training"]] == ["straightforward", "fast"]
     assert result["training"][0]["speedup"] == 1.0 and "compile" in result
     assert len(result["translation"]) == 8 and all(r["same_as_other_path"] == 1.0 for r in result["translation"])
     for r in result["translation"]:
-        other = next(o for o in result["translation"] if (o["batch_size"], o["beam_size"], o["cache"]) ==
-                     (r["batch_size"], r["beam_size"], False))
+        other = next(
+            o
+            for o in result["translation"]
+            if (o["batch_size"], o["beam_size"], o["cache"]) == (r["batch_size"], r["beam_size"], False)
+        )
         assert r["speedup"] == pytest.approx(r["tokens_per_s"]["median"] / other["tokens_per_s"]["median"])
         shared = r["seconds"]["total"] - r["seconds"]["decoder"]  # what a free decoder would leave
         assert r["speedup_bound"] == (pytest.approx(other["seconds"]["total"] / shared) if r["cache"] else None)
@@ -353,21 +428,31 @@ def test_the_whole_benchmark_writes_results_and_a_table(tiny_translator, tmp_pat
     assert not list((tmp_path / "results").glob(".*"))  # no temporary files left
 
 
+@pytest.mark.slow
 def test_a_compiler_failure_is_recorded_and_the_rest_measured(monkeypatch):
     def broken(model):
         raise RuntimeError("no C compiler found\nmore details")
 
     monkeypatch.setattr(torch, "compile", broken)
-    result = run_benchmark(device="cpu", repeats=1, updates=1, compile=True, models={"tiny": (TINY, 300)},
-                           progress=lambda line: None)
+    result = run_benchmark(
+        device="cpu", repeats=1, updates=1, compile=True, models={"tiny": (TINY, 300)}, progress=lambda line: None
+    )
     assert [r["path"] for r in result["training"]] == ["straightforward", "fast", "compiled"]
     assert result["training"][2]["error"] == "RuntimeError: no C compiler found" and "compile" not in result
     assert "| tiny | compiled | failed: RuntimeError: no C compiler found |" in bench_table(result)
 
 
 def test_a_table_without_translation_says_why():
-    result = {"device": "cpu", "device_name": "Some CPU", "threads": 2, "torch_version": "x", "date": "d",
-              "settings": {"repeats": 3}, "training": [], "translation": "not measured: no trained checkpoint was given"}
+    result = {
+        "device": "cpu",
+        "device_name": "Some CPU",
+        "threads": 2,
+        "torch_version": "x",
+        "date": "d",
+        "settings": {"repeats": 3},
+        "training": [],
+        "translation": "not measured: no trained checkpoint was given",
+    }
     assert bench_table(result).endswith("Translation: not measured: no trained checkpoint was given.")
 
 
@@ -395,6 +480,7 @@ def test_bench_command_without_translation(tmp_path, monkeypatch, capsys):
     assert len(list((tmp_path / "results").glob("bench-*.json"))) == 1
 
 
+@pytest.mark.slow
 def test_bench_command_writes_the_results(tiny_translator, tmp_path, monkeypatch, capsys):
     import annotated_transformer.bench as bench  # the command imports run_benchmark from here when it runs
 
@@ -402,8 +488,25 @@ def test_bench_command_writes_the_results(tiny_translator, tmp_path, monkeypatch
         return run_benchmark(**kwargs, updates=1, sentences={1: 1, 64: 3}, models={"tiny": (TINY, 300)})
 
     monkeypatch.setattr(bench, "run_benchmark", quick)
-    assert main(["bench", "--checkpoint", str(tiny_translator), "--repeats", "1", "--device", "cpu",
-                 "--out", str(tmp_path / "out")]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--checkpoint",
+                str(tiny_translator),
+                "--repeats",
+                "1",
+                "--device",
+                "cpu",
+                "--out",
+                str(tmp_path / "out"),
+            ]
+        )
+        == 0
+    )
     out, err = capsys.readouterr()
     assert "training tiny: fast" in err and "| 64 | beam 4 | yes |" in out
-    assert len(list((tmp_path / "out").glob("bench-*.json"))) == 1 and len(list((tmp_path / "out").glob("bench-*.md"))) == 1
+    assert (
+        len(list((tmp_path / "out").glob("bench-*.json"))) == 1
+        and len(list((tmp_path / "out").glob("bench-*.md"))) == 1
+    )

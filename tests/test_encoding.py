@@ -1,11 +1,17 @@
 """Embeddings and positional encodings (book/04_encoding.ipynb)."""
+
 import math
 
 import pytest
 import torch
 
-from annotated_transformer import (Embeddings, LearnedPositionalEmbedding, MultiHeadedAttention, PositionalEncoding,
-                                   sinusoidal_encoding)
+from annotated_transformer import (
+    Embeddings,
+    LearnedPositionalEmbedding,
+    MultiHeadedAttention,
+    PositionalEncoding,
+    sinusoidal_encoding,
+)
 
 
 def test_sinusoids_follow_the_formula():
@@ -23,8 +29,8 @@ def test_an_offset_is_one_rotation_at_every_position(k):
     table = sinusoidal_encoding(3000, d, dtype=torch.float64)
     omega = 10000 ** (-torch.arange(0, d, 2, dtype=torch.float64) / d)
     c, s = torch.cos(omega * k), torch.sin(omega * k)
-    sin_next = table[:, 0::2] * c + table[:, 1::2] * s   # sin(a+b) = sin a cos b + cos a sin b
-    cos_next = table[:, 1::2] * c - table[:, 0::2] * s   # cos(a+b) = cos a cos b - sin a sin b
+    sin_next = table[:, 0::2] * c + table[:, 1::2] * s  # sin(a+b) = sin a cos b + cos a sin b
+    cos_next = table[:, 1::2] * c - table[:, 0::2] * s  # cos(a+b) = cos a cos b - sin a sin b
     torch.testing.assert_close(sin_next[: 3000 - k], table[k:, 0::2], rtol=0, atol=1e-10)
     torch.testing.assert_close(cos_next[: 3000 - k], table[k:, 1::2], rtol=0, atol=1e-10)
 

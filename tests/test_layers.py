@@ -1,9 +1,16 @@
 """Feed-forward network, residual sub-layer and the two layer kinds (book/03_feed_forward.ipynb)."""
+
 import torch
 from torch import nn
 
-from annotated_transformer import (DecoderLayer, EncoderLayer, MultiHeadedAttention, PositionwiseFeedForward,
-                                   SublayerConnection, subsequent_mask)
+from annotated_transformer import (
+    DecoderLayer,
+    EncoderLayer,
+    MultiHeadedAttention,
+    PositionwiseFeedForward,
+    SublayerConnection,
+    subsequent_mask,
+)
 
 
 def test_feed_forward_is_equation_2():
@@ -19,8 +26,10 @@ def test_feed_forward_equals_two_kernel_size_1_convolutions():
     ffn = PositionwiseFeedForward(8, 32).eval()
     c1, c2 = nn.Conv1d(8, 32, 1), nn.Conv1d(32, 8, 1)
     with torch.no_grad():
-        c1.weight.copy_(ffn.w_1.weight[:, :, None]); c1.bias.copy_(ffn.w_1.bias)
-        c2.weight.copy_(ffn.w_2.weight[:, :, None]); c2.bias.copy_(ffn.w_2.bias)
+        c1.weight.copy_(ffn.w_1.weight[:, :, None])
+        c1.bias.copy_(ffn.w_1.bias)
+        c2.weight.copy_(ffn.w_2.weight[:, :, None])
+        c2.bias.copy_(ffn.w_2.bias)
     x = torch.randn(2, 6, 8)
     torch.testing.assert_close(ffn(x), c2(c1(x.transpose(1, 2)).relu()).transpose(1, 2), rtol=1e-5, atol=1e-6)
 
@@ -31,7 +40,9 @@ def test_post_norm_is_the_default_and_matches_the_paper():
     sub = nn.Linear(8, 8)
     x = torch.randn(4, 8)
     assert block.norm_first is False
-    torch.testing.assert_close(block(x, sub), nn.functional.layer_norm(x + sub(x), (8,), block.norm.weight, block.norm.bias))
+    torch.testing.assert_close(
+        block(x, sub), nn.functional.layer_norm(x + sub(x), (8,), block.norm.weight, block.norm.bias)
+    )
 
 
 def test_pre_norm_option():
@@ -78,8 +89,9 @@ def test_residual_dropout_applies_to_the_sublayer_output_only_in_training():
 def make_layers(d=16, h=4, norm_first=False):
     torch.manual_seed(5)
     enc = EncoderLayer(d, MultiHeadedAttention(h, d), PositionwiseFeedForward(d, 32), 0.1, norm_first)
-    dec = DecoderLayer(d, MultiHeadedAttention(h, d), MultiHeadedAttention(h, d), PositionwiseFeedForward(d, 32), 0.1,
-                       norm_first)
+    dec = DecoderLayer(
+        d, MultiHeadedAttention(h, d), MultiHeadedAttention(h, d), PositionwiseFeedForward(d, 32), 0.1, norm_first
+    )
     return enc.eval(), dec.eval()
 
 

@@ -1,12 +1,19 @@
 """The full model (book/05_model.ipynb): structure, sharing, parameter counts and the properties of a translator."""
+
 import math
 
 import pytest
 import torch
 from torch import nn
 
-from annotated_transformer import (EncoderDecoder, LearnedPositionalEmbedding, PositionalEncoding, TransformerConfig,
-                                   make_model, subsequent_mask)
+from annotated_transformer import (
+    EncoderDecoder,
+    LearnedPositionalEmbedding,
+    PositionalEncoding,
+    TransformerConfig,
+    make_model,
+    subsequent_mask,
+)
 
 
 def small(src_vocab=13, tgt_vocab=13, **overrides):

@@ -1,4 +1,5 @@
 """Multi-head attention (book/02_multi_head.ipynb): the fused and the explicit path compute one function."""
+
 import pytest
 import torch
 

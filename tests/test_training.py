@@ -1,4 +1,5 @@
 """Training machinery (book/06_training.ipynb): batches, schedule, loss, accumulation, checkpoints, resume, copy task."""
+
 import dataclasses
 import json
 import os
@@ -12,14 +13,47 @@ import torch
 import torch.nn.functional as F
 
 from annotated_transformer import make_model
-from annotated_transformer.distributed import (check_same_data, gather_rng_states, rank_and_world_size, seed_dropout,
-                                               share_gradients, sum_over_processes)
-from annotated_transformer.runs import (RECIPES, TASKS, TRANSLATORS, CheckpointError, RunDir, Task, TrainingState,
-                                        list_checkpoints, load_checkpoint, load_task, model_from_checkpoint, registered,
-                                        rng_state, save_checkpoint)
-from annotated_transformer.training import (BOS, EOS, PAD, LabelSmoothing, accumulate_gradients, batches_of, copy_task,
-                                            greedy_decode, make_optimizer, pad_sequences, padding_fraction, plot_metrics,
-                                            rate, token_batches, train)
+from annotated_transformer.distributed import (
+    check_same_data,
+    gather_rng_states,
+    rank_and_world_size,
+    seed_dropout,
+    share_gradients,
+    sum_over_processes,
+)
+from annotated_transformer.runs import (
+    RECIPES,
+    TASKS,
+    TRANSLATORS,
+    CheckpointError,
+    RunDir,
+    Task,
+    TrainingState,
+    list_checkpoints,
+    load_checkpoint,
+    load_task,
+    model_from_checkpoint,
+    registered,
+    rng_state,
+    save_checkpoint,
+)
+from annotated_transformer.training import (
+    BOS,
+    EOS,
+    PAD,
+    LabelSmoothing,
+    accumulate_gradients,
+    batches_of,
+    copy_task,
+    greedy_decode,
+    make_optimizer,
+    pad_sequences,
+    padding_fraction,
+    plot_metrics,
+    rate,
+    token_batches,
+    train,
+)
 
 
 def batch_of(pairs):
@@ -27,6 +61,7 @@ def batch_of(pairs):
 
 
 # Batches and masks
+
 
 def test_batch_shifts_targets_and_builds_masks():
     b = batch_of([([5, 6, 7, EOS], [BOS, 5, 6, 7, EOS]), ([8, EOS], [BOS, 8, EOS])])
@@ -50,6 +85,7 @@ def test_padded_positions_do_not_reach_the_loss():
 
 # Batching by length
 
+
 def test_token_batches_use_every_sentence_once_within_the_budget():
     data = copy_task(3000, seed=1)
     src, tgt = [len(s) for s, _ in data], [len(t) - 1 for _, t in data]
@@ -61,7 +97,7 @@ def test_token_batches_use_every_sentence_once_within_the_budget():
     assert token_batches(src, tgt, 200, seed=4) != batches
     shuffled = list(range(3000))
     size = round(3000 / len(batches))
-    random_batches = [shuffled[i:i + size] for i in range(0, 3000, size)]
+    random_batches = [shuffled[i : i + size] for i in range(0, 3000, size)]
     assert padding_fraction(batches, src) < 0.05 < padding_fraction(random_batches, src)
 
 
@@ -73,6 +109,7 @@ def test_token_batches_errors():
 
 
 # Schedule
+
 
 def test_rate_is_equation_3():
     assert rate(0, 512) == 0.0
@@ -94,6 +131,7 @@ def test_the_scheduler_gives_update_k_the_rate_of_step_k():
 
 # Label smoothing
 
+
 def test_smoothed_targets():
     t = LabelSmoothing(10, PAD, 0.2).smoothed_targets(torch.tensor([3, PAD, 9]))
     torch.testing.assert_close(t[[0, 2]].sum(-1), torch.ones(2))
@@ -109,11 +147,14 @@ def test_relation_to_cross_entropy():
     t = smooth.smoothed_targets(target).double()
     entropy = -torch.where(t > 0, t * t.log(), 0.0).sum()
     # ours = cross-entropy against our smoothed distribution, minus its entropy (a KL divergence)
-    torch.testing.assert_close(smooth(logits.log_softmax(-1), target).double(),
-                               F.cross_entropy(logits, t, reduction="sum") - entropy)
+    torch.testing.assert_close(
+        smooth(logits.log_softmax(-1), target).double(), F.cross_entropy(logits, t, reduction="sum") - entropy
+    )
     # without smoothing, ours is the plain cross-entropy that ignores padding
-    torch.testing.assert_close(LabelSmoothing(11, PAD, 0.0)(logits.log_softmax(-1), target).double(),
-                               F.cross_entropy(logits, target, ignore_index=PAD, reduction="sum"))
+    torch.testing.assert_close(
+        LabelSmoothing(11, PAD, 0.0)(logits.log_softmax(-1), target).double(),
+        F.cross_entropy(logits, target, ignore_index=PAD, reduction="sum"),
+    )
     # PyTorch's built-in smoothing spreads epsilon over all V entries, the target and padding included
     keep = target != PAD
     theirs = (1 - 0.1) * F.one_hot(target[keep], 11).double() + 0.1 / 11
@@ -153,6 +194,7 @@ def test_label_smoothing_errors():
 
 # Gradient accumulation
 
+
 def test_accumulation_equals_one_big_batch():
     torch.manual_seed(0)
     model = make_model(13, 13, N=1, d_model=32, d_ff=64, h=4, dropout=0.0)
@@ -167,6 +209,7 @@ def test_accumulation_equals_one_big_batch():
 
 
 # Greedy decoding
+
 
 class Scripted:
     "A stand-in model whose generator emits a fixed script per sentence (then repeats its last token)."
@@ -195,6 +238,7 @@ def test_greedy_decode_stops_each_sentence_at_eos_and_respects_max_len():
 
 
 # Checkpoints
+
 
 def test_checkpoints_are_written_atomically(tmp_path, monkeypatch):
     path = save_checkpoint(tmp_path / "c.pt", {"config": {}, "model": {}, "step": 1})
@@ -244,7 +288,9 @@ def test_broken_or_foreign_checkpoints_get_clear_errors(tmp_path):
     save_checkpoint(tmp_path / "odd.pt", {**base, "config": {"N": 1, "colour": "red"}, "model": {}})
     with pytest.raises(CheckpointError, match="odd.pt: the stored configuration is not usable"):
         model_from_checkpoint(tmp_path / "odd.pt")
-    save_checkpoint(tmp_path / "misfit.pt", {**base, "model": make_model(10, 10, N=1, d_model=32, d_ff=32, h=2).state_dict()})
+    save_checkpoint(
+        tmp_path / "misfit.pt", {**base, "model": make_model(10, 10, N=1, d_model=32, d_ff=32, h=2).state_dict()}
+    )
     with pytest.raises(CheckpointError, match="misfit.pt: the weights do not fit"):
         model_from_checkpoint(tmp_path / "misfit.pt")
 
@@ -258,10 +304,13 @@ def final_weights(run_dir):
     return load_checkpoint(sorted((run_dir / "checkpoints").glob("*.pt"))[-1])["model"]
 
 
-@pytest.mark.parametrize("recipe, stop", [
-    (TINY.replace(dropout=0.1), 13),                                       # mid-epoch
-    (TINY.replace(dropout=0.1, max_tokens=8000, accum_steps=3), 13),       # accumulation, past an epoch boundary
-])
+@pytest.mark.parametrize(
+    "recipe, stop",
+    [
+        (TINY.replace(dropout=0.1), 13),  # mid-epoch
+        (TINY.replace(dropout=0.1, max_tokens=8000, accum_steps=3), 13),  # accumulation, past an epoch boundary
+    ],
+)
 def test_an_interrupted_run_resumes_bit_identically(tmp_path, recipe, stop):
     straight = train(recipe, tmp_path / "straight", device="cpu", progress=False)
     interrupted = train(recipe, tmp_path / "resumed", device="cpu", progress=False, stop_after=stop)
@@ -292,8 +341,17 @@ def test_training_state_crosses_an_epoch_boundary_and_sums_the_window():
 def test_list_checkpoints_finds_only_the_runs_own_in_step_order(tmp_path):
     folder = tmp_path / "checkpoints"
     folder.mkdir()
-    for name in ("step-000100.pt", "step-000020.pt", "step-1000000.pt", "step-best.pt", "step-3.pt", "step-000040.pt.bak",
-                 ".step-000060.pt.4242.tmp", "notes.txt", "step-000080.pth"):
+    for name in (
+        "step-000100.pt",
+        "step-000020.pt",
+        "step-1000000.pt",
+        "step-best.pt",
+        "step-3.pt",
+        "step-000040.pt.bak",
+        ".step-000060.pt.4242.tmp",
+        "notes.txt",
+        "step-000080.pth",
+    ):
         (folder / name).write_bytes(b"")
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step-000020.pt", "step-000100.pt", "step-1000000.pt"]
     assert list_checkpoints(tmp_path / "nothing-here") == []
@@ -324,9 +382,20 @@ def test_resume_restores_the_newest_checkpoint_and_forgets_metrics_logged_after_
     run.start(TINY, cpu, 1, 1, resume=False)
     for step in (8, 16, 24):
         run.log({"step": step, "train_loss": 1.0})
-    state = {"config": TINY.to_dict()["model"], "recipe": TINY.to_dict(), "src_vocab": 13, "tgt_vocab": 13,
-             "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
-             "epoch": 1, "position": 3, "elapsed_s": 2.5, "window": (4.0, 20), "rng": rng_state(cpu)}
+    state = {
+        "config": TINY.to_dict()["model"],
+        "recipe": TINY.to_dict(),
+        "src_vocab": 13,
+        "tgt_vocab": 13,
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "epoch": 1,
+        "position": 3,
+        "elapsed_s": 2.5,
+        "window": (4.0, 20),
+        "rng": rng_state(cpu),
+    }
     run.save({**state, "step": 8}, 8, keep=5)
     expected_draw = torch.rand(3)  # what dropout would draw next, at the newest checkpoint
     run.save({**state, "step": 16}, 16, keep=5)
@@ -374,16 +443,23 @@ def test_run_directory_contents_and_guards(tmp_path):
         with pytest.raises(ValueError, match="'cuda' is not available here"):
             train(TINY, tmp_path / "gpu", device="cuda", progress=False)
     import matplotlib
+
     matplotlib.use("Agg")
     assert len(plot_metrics(run).get_lines()) == 2
 
 
+@pytest.mark.slow
 def test_the_copy_recipe_from_the_command_line_copies_held_out_sequences_exactly(tmp_path, single_threaded_env):
     "The copy task, end to end: the console script, its run directory, and exact greedy copies."
     run = tmp_path / "copy"
     cli = Path(sys.executable).with_name("annotated-transformer")
-    result = subprocess.run([cli, "train", "copy", "--out", run, "--quiet", "--device", "cpu"],
-                            capture_output=True, text=True, timeout=600, env=single_threaded_env)
+    result = subprocess.run(
+        [cli, "train", "copy", "--out", run, "--quiet", "--device", "cpu"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=single_threaded_env,
+    )
     assert result.returncode == 0, result.stderr
     summary = json.loads((run / "summary.json").read_text())
     assert summary["exact_match"] >= 0.99 and summary["steps"] == RECIPES["copy"].steps
@@ -398,9 +474,13 @@ def test_the_copy_recipe_from_the_command_line_copies_held_out_sequences_exactly
 
 def test_settings_may_come_before_or_after_the_options(tmp_path, capsys):
     from annotated_transformer.cli import main
+
     out = str(tmp_path / "run")
-    for argv in (["train", "copy", "--out", out, "steps=0"], ["train", "copy", "steps=0", "--out", out],
-                 ["train", "--quiet", "copy", "steps=0"]):
+    for argv in (
+        ["train", "copy", "--out", out, "steps=0"],
+        ["train", "copy", "steps=0", "--out", out],
+        ["train", "--quiet", "copy", "steps=0"],
+    ):
         assert main(argv) == 2
         assert capsys.readouterr().err == "annotated-transformer: error: steps must be a positive integer, got 0\n"
     assert main(["train", "copy", "--out", out, "--bogus"]) == 2
@@ -415,9 +495,12 @@ def test_held_out_and_validation_data_are_never_trained_on():
 
 
 def test_command_line_errors_are_one_line(tmp_path):
-    for args, message, code in ((["train", "copy", "d_model=65"], "divisible", 2), (["train", "kopy"], "unknown recipe", 2),
-                                (["train"], "required: recipe", 2),
-                                (["train", "copy", "--resume", "--out", str(tmp_path / "none")], "nothing to resume", 1)):
+    for args, message, code in (
+        (["train", "copy", "d_model=65"], "divisible", 2),
+        (["train", "kopy"], "unknown recipe", 2),
+        (["train"], "required: recipe", 2),
+        (["train", "copy", "--resume", "--out", str(tmp_path / "none")], "nothing to resume", 1),
+    ):
         result = subprocess.run([sys.executable, "-m", "annotated_transformer", *args], capture_output=True, text=True)
         assert result.returncode == code
         assert result.stderr.count("\n") == 1 and message in result.stderr and "Traceback" not in result.stderr
@@ -426,9 +509,15 @@ def test_command_line_errors_are_one_line(tmp_path):
 def test_gradient_clipping_is_applied_once_per_update_when_set(tmp_path, monkeypatch):
     calls = []
     real = torch.nn.utils.clip_grad_norm_
-    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda params, norm: calls.append(norm) or real(params, norm))
-    train(TINY.replace(steps=5, eval_every=5, checkpoint_every=5, clip_norm=0.5), tmp_path / "clipped", device="cpu",
-          progress=False)
+    monkeypatch.setattr(
+        torch.nn.utils, "clip_grad_norm_", lambda params, norm: calls.append(norm) or real(params, norm)
+    )
+    train(
+        TINY.replace(steps=5, eval_every=5, checkpoint_every=5, clip_norm=0.5),
+        tmp_path / "clipped",
+        device="cpu",
+        progress=False,
+    )
     assert calls == [0.5] * 5
     calls.clear()
     train(TINY.replace(steps=5, eval_every=5, checkpoint_every=5), tmp_path / "plain", device="cpu", progress=False)

@@ -1,4 +1,5 @@
 """Attention visualisation (book/09_attention_heads.ipynb): capturing the weights, the charts, and the head statistics."""
+
 import copy
 import math
 
@@ -9,9 +10,18 @@ from annotated_transformer import MultiHeadedAttention, Translator, make_model
 from annotated_transformer.attention import subsequent_mask
 from annotated_transformer.training import BOS
 from annotated_transformer.translation import SPECIALS, decode_batches
-from annotated_transformer.viz import (KINDS, STATISTICS, CapturedAttention, attention_chart, attention_explorer,
-                                       attention_overview, capture_attention, head_statistics, head_statistics_chart,
-                                       uniform_attention)
+from annotated_transformer.viz import (
+    KINDS,
+    STATISTICS,
+    CapturedAttention,
+    attention_chart,
+    attention_explorer,
+    attention_overview,
+    capture_attention,
+    head_statistics,
+    head_statistics_chart,
+    uniform_attention,
+)
 
 GERMAN = "ein Mann mit Hund läuft über die Straße . Anna und Berlin 2 zwei Frauen".split()
 ENGLISH = "a man with dog runs across the street . Anna and Berlin 2 two women walks".split()
@@ -20,8 +30,9 @@ ENGLISH = "a man with dog runs across the street . Anna and Berlin 2 two women w
 @pytest.fixture(scope="module")
 def translator():
     torch.manual_seed(0)
-    model = make_model(len(SPECIALS) + len(GERMAN), len(SPECIALS) + len(ENGLISH), N=2, d_model=32, d_ff=64, h=4,
-                       share_embeddings=False)
+    model = make_model(
+        len(SPECIALS) + len(GERMAN), len(SPECIALS) + len(ENGLISH), N=2, d_model=32, d_ff=64, h=4, share_embeddings=False
+    )
     with torch.no_grad():
         for p in model.parameters():
             p.mul_(3.0)  # sharper than at initialisation, so that weights differ from head to head
@@ -43,7 +54,11 @@ def test_capture_shapes_distributions_masks_and_padding(translator):
     for i in range(3):
         s, t = len(captured.src_tokens[i]), len(captured.tgt_tokens[i])
         pair = captured.pair(i)
-        assert {k: tuple(w.shape[-2:]) for k, w in pair.items()} == {"encoder": (s, s), "decoder": (t, t), "cross": (t, s)}
+        assert {k: tuple(w.shape[-2:]) for k, w in pair.items()} == {
+            "encoder": (s, s),
+            "decoder": (t, t),
+            "cross": (t, s),
+        }
         for w in pair.values():
             torch.testing.assert_close(w.sum(-1), torch.ones(w.shape[:-1]))
         assert (pair["decoder"].triu(1) == 0).all()
@@ -67,7 +82,7 @@ def test_capture_equals_the_models_own_attention_and_leaves_no_trace(translator)
     assert model.training  # restored
     assert all(m.attn is None for m in model.modules() if isinstance(m, MultiHeadedAttention))
     for i in range(3):
-        alone = capture_attention(translator, SOURCES[i:i + 1], TARGETS[i:i + 1]).pair(0)
+        alone = capture_attention(translator, SOURCES[i : i + 1], TARGETS[i : i + 1]).pair(0)
         for kind in KINDS:
             torch.testing.assert_close(together.pair(i)[kind], alone[kind])
     # The first encoder layer's weights, recomputed by hand from its projections.
@@ -81,7 +96,7 @@ def test_capture_equals_the_models_own_attention_and_leaves_no_trace(translator)
     torch.testing.assert_close(together.pair(0)["encoder"][0], expected.float())
     # The decoder's first layer reads <s> and the target without its last token (teacher forcing), masked.
     ids = translator.tgt_vocab.encode(translator.tgt_tokenizer(TARGETS[:1])[0])
-    reads = torch.tensor([[BOS] + ids])                                     # <s> y1 ... yn: n + 1 = len(y + </s>)
+    reads = torch.tensor([[BOS] + ids])  # <s> y1 ... yn: n + 1 = len(y + </s>)
     mha = model.decoder.layers[0].self_attn
     y = model.tgt_embed(reads)
     q, k = mha.split_heads(mha.w_q(y)), mha.split_heads(mha.w_k(y))
@@ -134,22 +149,33 @@ def _hand_made(weights: dict, src_tokens, tgt_tokens) -> CapturedAttention:
 
 
 def test_head_statistics_on_known_weights():
-    src = ["Anna", "sieht", "Berlin", "</s>"]          # 4 source positions
-    tgt = ["Anna", "sees", "Berlin", "</s>"]           # the decoder predicts these; it reads <s> Anna sees Berlin
-    previous = torch.eye(4).roll(-1, 1).tril()         # every query on the position before it (row 0 on itself)
+    src = ["Anna", "sieht", "Berlin", "</s>"]  # 4 source positions
+    tgt = ["Anna", "sees", "Berlin", "</s>"]  # the decoder predicts these; it reads <s> Anna sees Berlin
+    previous = torch.eye(4).roll(-1, 1).tril()  # every query on the position before it (row 0 on itself)
     previous[0, 0] = 1.0
     cross = torch.zeros(4, 4)
-    cross[0, 0], cross[1, 3], cross[2, 2], cross[3, 1] = 1.0, 1.0, 1.0, 1.0   # "Anna" and "Berlin" aligned
-    stats = {r["kind"]: r for r in head_statistics(_hand_made(
-        {"encoder": torch.eye(4), "decoder": previous, "cross": cross}, src, tgt))}
+    cross[0, 0], cross[1, 3], cross[2, 2], cross[3, 1] = 1.0, 1.0, 1.0, 1.0  # "Anna" and "Berlin" aligned
+    stats = {
+        r["kind"]: r
+        for r in head_statistics(_hand_made({"encoder": torch.eye(4), "decoder": previous, "cross": cross}, src, tgt))
+    }
     enc, dec, crs = stats["encoder"], stats["decoder"], stats["cross"]
     assert enc["entropy"] == 0 and enc["same"] == 1 and enc["previous"] == 0 and enc["distance"] == 0
     assert enc["boundary"] == 0.25 and enc["uniform_entropy"] == 2.0
     assert dec["previous"] == 0.75 and dec["same"] == 0.25 and dec["distance"] == 0.75 and "next" not in dec
-    assert dec["boundary"] == 0.5                      # rows 0 and 1 look at <s> (position 0)
+    assert dec["boundary"] == 0.5  # rows 0 and 1 look at <s> (position 0)
     assert dec["uniform_entropy"] == round(sum(math.log2(n) for n in (1, 2, 3, 4)) / 4, 4)
     assert crs["alignment"] == 1.0 and crs["alignment_rows"] == 2 and crs["boundary"] == 0.25
-    assert set(crs) == {"kind", "layer", "head", "entropy", "uniform_entropy", "boundary", "alignment", "alignment_rows"}
+    assert set(crs) == {
+        "kind",
+        "layer",
+        "head",
+        "entropy",
+        "uniform_entropy",
+        "boundary",
+        "alignment",
+        "alignment_rows",
+    }
     assert set(STATISTICS) >= set(enc) - {"kind", "layer", "head"}
 
 
@@ -161,7 +187,9 @@ def test_uniform_baseline_is_uniform_over_what_each_query_may_see(translator):
         for kind, w in pair.items():
             torch.testing.assert_close(w.sum(-1), torch.ones(w.shape[:-1]))
         t = len(captured.tgt_tokens[i])
-        torch.testing.assert_close(pair["decoder"][0, 0], subsequent_mask(t)[0].float() / torch.arange(1, t + 1)[:, None])
+        torch.testing.assert_close(
+            pair["decoder"][0, 0], subsequent_mask(t)[0].float() / torch.arange(1, t + 1)[:, None]
+        )
     for r in head_statistics(uniform):
         assert r["entropy"] == pytest.approx(r["uniform_entropy"], abs=2e-4)
 

@@ -1,6 +1,7 @@
 """Scaling to WMT14 (book/09_scaling_wmt.ipynb): resumable downloads, the WMT14 files, cleaning, SentencePiece,
 memory-mapped token data, and training in two processes (torchrun, gloo): the same updates as one process, every
 sentence on exactly one process, and a run killed and resumed making the same updates as one never stopped."""
+
 import gzip
 import hashlib
 import http.server
@@ -21,9 +22,20 @@ from annotated_transformer.data import DataError, fetch, iter_lines, read_lines
 from annotated_transformer.distributed import accumulation_steps, split_for_processes, torchrun_command
 from annotated_transformer.runs import RECIPES, list_checkpoints, load_checkpoint, load_task
 from annotated_transformer.training import pair_lengths, token_batches
-from annotated_transformer.wmt import (NEWSTEST2014_FILTERED, WMT14_TEXT_FILES, Subwords, TokenData, clean_pairs,
-                                       length_filter, load_wmt14_test, prepare_wmt14, prepared_folder, read_corpus,
-                                       wmt14_data, wmt14_file)
+from annotated_transformer.wmt import (
+    NEWSTEST2014_FILTERED,
+    WMT14_TEXT_FILES,
+    Subwords,
+    TokenData,
+    clean_pairs,
+    length_filter,
+    load_wmt14_test,
+    prepare_wmt14,
+    prepared_folder,
+    read_corpus,
+    wmt14_data,
+    wmt14_file,
+)
 
 from conftest import MIRROR, needs_mirror
 
@@ -34,8 +46,10 @@ def sha(data: bytes) -> str:
 
 # Downloads
 
+
 class _RangeHandler(http.server.BaseHTTPRequestHandler):
     "Serves `payload`, honouring a 'Range: bytes=N-' header as real servers do, and records the ranges asked for."
+
     payload, ranges = b"", []
 
     def do_GET(self):
@@ -85,10 +99,14 @@ def test_a_partial_file_from_a_mirror_is_continued_and_a_wrong_one_is_dropped(tm
 
 # The WMT14 files
 
+
 @needs_mirror
 def test_the_test_sets_have_their_published_sizes_and_the_filtered_set_is_chosen_lines_of_the_full_one(cache):
-    assert [len(load_wmt14_test(name)) for name in ("newstest2013", "newstest2014", "newstest2014-filtered")] == \
-        [3000, 3003, 2737]
+    assert [len(load_wmt14_test(name)) for name in ("newstest2013", "newstest2014", "newstest2014-filtered")] == [
+        3000,
+        3003,
+        2737,
+    ]
     full, filtered = load_wmt14_test("newstest2014"), load_wmt14_test("newstest2014-filtered")
     chosen = [i for r in NEWSTEST2014_FILTERED.split() for a, b in [map(int, r.split("-"))] for i in range(a, b + 1)]
     assert len(chosen) == len(set(chosen)) == 2737 and [full[i] for i in chosen] == filtered
@@ -102,8 +120,10 @@ def test_without_a_mirror_the_published_text_is_verified_kept_and_its_terms_show
     import annotated_transformer.data as data
     import annotated_transformer.wmt as wmt
 
-    published = {source: gzip.decompress((Path(MIRROR) / "wmt14" / name).read_bytes()).decode("utf-8")
-                 for name, (_, _, source) in WMT14_TEXT_FILES.items()}
+    published = {
+        source: gzip.decompress((Path(MIRROR) / "wmt14" / name).read_bytes()).decode("utf-8")
+        for name, (_, _, source) in WMT14_TEXT_FILES.items()
+    }
     monkeypatch.delenv("AT_MIRROR")
     monkeypatch.setattr(data, "_terms_shown", set())  # as in a new process
     monkeypatch.setattr(wmt, "_published_text", lambda source: published[source])  # no network here
@@ -125,8 +145,15 @@ def test_streamed_lines_are_the_lines_read_whole(tmp_path, data):
 
 
 def test_cleaning_drops_what_pipelines_drop_and_counts_why():
-    pairs = [("a b c", "x y z"), ("", "x"), ("a  b", "x y"), ("a b", "x y"), ("same text", "same text"),
-             (" ", "y"), ("a b\tc", "x y z")]
+    pairs = [
+        ("a b c", "x y z"),
+        ("", "x"),
+        ("a  b", "x y"),
+        ("a b", "x y"),
+        ("same text", "same text"),
+        (" ", "y"),
+        ("a b\tc", "x y z"),
+    ]
     counts = Counter()
     kept = list(clean_pairs(pairs, counts))
     assert kept == [("a b c", "x y z"), ("a b", "x y")]
@@ -146,9 +173,10 @@ def test_a_training_corpus_is_read_from_its_archive_in_one_pass(tmp_path, cache,
     archive = tmp_path / "mirror" / "wmt14" / "training-parallel-nc-v9.tgz"
     archive.parent.mkdir(parents=True)
     with tarfile.open(archive, "w:gz") as tar:
-        for name, text in [("training/other.txt", "noise\n" * 1000),
-                           *((f"training/news-commentary-v9.de-en.{lang}", "\n".join(lines[lang]) + "\n")
-                             for lang in ("de", "en"))]:
+        for name, text in [
+            ("training/other.txt", "noise\n" * 1000),
+            *((f"training/news-commentary-v9.de-en.{lang}", "\n".join(lines[lang]) + "\n") for lang in ("de", "en")),
+        ]:
             data = text.encode()
             info = tarfile.TarInfo(name)
             info.size = len(data)
@@ -176,6 +204,7 @@ def test_a_training_corpus_is_read_from_its_archive_in_one_pass(tmp_path, cache,
         list(read_corpus("news-commentary-v9"))
 
 
+@pytest.mark.slow
 @needs_mirror
 def test_the_sample_is_detokenized_into_raw_text(cache):
     first = next(read_corpus("sample"))
@@ -183,6 +212,7 @@ def test_the_sample_is_detokenized_into_raw_text(cache):
 
 
 # Subwords and token data
+
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
@@ -200,7 +230,11 @@ def prepared(tmp_path_factory):
 def test_sentencepiece_round_trips_text_exactly(prepared):
     subwords = Subwords((prepared[0] / "subwords.model").read_bytes())
     assert len(subwords) == 2000
-    texts = [s for pair in load_wmt14_test("newstest2014") for s in pair] + ["„Anführungszeichen“ 🙂", " two  spaces ", ""]
+    texts = [s for pair in load_wmt14_test("newstest2014") for s in pair] + [
+        "„Anführungszeichen“ 🙂",
+        " two  spaces ",
+        "",
+    ]
     ids = subwords.encode(texts)
     assert [subwords.decode(x) for x in ids] == texts
     assert max(map(max, filter(None, ids))) < 2000 and min(map(min, filter(None, ids))) > 3  # no specials, no <unk>
@@ -225,8 +259,10 @@ def test_the_prepared_data_loads_back_as_the_same_tokens(prepared):
 
 def test_token_data_round_trips_any_ids_and_refuses_an_incomplete_folder(tmp_path):
     rng = np.random.default_rng(0)
-    pairs = [(rng.integers(4, 70_000, rng.integers(0, 9)).tolist(), rng.integers(4, 70_000, rng.integers(1, 9)).tolist())
-             for _ in range(50)]
+    pairs = [
+        (rng.integers(4, 70_000, rng.integers(0, 9)).tolist(), rng.integers(4, 70_000, rng.integers(1, 9)).tolist())
+        for _ in range(50)
+    ]
     (tmp_path / "prepared.json").write_text('{"dtype": "int32"}')
     assert TokenData.write(tmp_path, "train", iter(pairs), "int32") == 50
     data = TokenData(tmp_path, "train")
@@ -250,6 +286,7 @@ def test_the_wmt14_task_shares_one_vocabulary_and_says_when_the_data_is_missing(
 
 # Sharing the work among processes
 
+
 def test_every_sentence_lands_on_exactly_one_process_per_epoch():
     lengths = [3 + (i * 7919) % 40 for i in range(3001)]
     for world in (1, 2, 3, 8):
@@ -258,7 +295,7 @@ def test_every_sentence_lands_on_exactly_one_process_per_epoch():
         accum = 2
         seen = Counter()
         for position in range(0, len(order), world * accum):  # the loop's share: update[rank::world]
-            update = order[position:position + world * accum]
+            update = order[position : position + world * accum]
             shares = [update[rank::world] for rank in range(world)]
             assert len({len(share) for share in shares}) == 1  # the same number of batches for every process
             seen.update(i for share in shares for batch in share for i in batch)
@@ -273,8 +310,15 @@ def test_the_accumulation_comes_from_the_number_of_processes():
 
 def _torchrun(nproc, *args, env=None, **kwargs):
     env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-    return subprocess.Popen(torchrun_command(nproc, *args), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True, **kwargs)
+    return subprocess.Popen(
+        torchrun_command(nproc, *args),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        **kwargs,
+    )
 
 
 COPY = ["train", "copy", "--device", "cpu", "--quiet", "dropout=0.0", "max_tokens=390", "eval_every=1000"]
@@ -291,8 +335,12 @@ def test_two_processes_make_the_same_updates_as_one_process_on_both_shares(tmp_p
     lengths = pair_lengths(load_task(RECIPES["copy"]).train)
     assert len(token_batches(*lengths, 390, seed=0)) % 2 == 0  # no batch is split for 2 processes
     two = _torchrun(2, *COPY, *steps, "--out", str(tmp_path / "two"))
-    one = subprocess.run([sys.executable, "-m", "annotated_transformer", *COPY, *steps, "--out", str(tmp_path / "one")],
-                         capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    one = subprocess.run(
+        [sys.executable, "-m", "annotated_transformer", *COPY, *steps, "--out", str(tmp_path / "one")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     out, err = two.communicate(timeout=600)
     assert two.returncode == 0, err[-2000:]
     assert one.returncode == 0, one.stderr[-2000:]
@@ -307,8 +355,15 @@ def test_two_processes_make_the_same_updates_as_one_process_on_both_shares(tmp_p
 def test_a_two_process_run_killed_and_resumed_makes_the_same_updates(tmp_path):
     # The hard paths at once: an odd number of batches (one is split for 2 processes), an epoch boundary inside
     # the run with a short last update, checkpoints by the clock (one after every update here), dropout.
-    settings = ["max_tokens=400", "tokens_per_update=1600", "steps=110", "dropout=0.1", "checkpoint_every=1000",
-                "checkpoint_minutes=1e-9", "keep_checkpoints=3"]
+    settings = [
+        "max_tokens=400",
+        "tokens_per_update=1600",
+        "steps=110",
+        "dropout=0.1",
+        "checkpoint_every=1000",
+        "checkpoint_minutes=1e-9",
+        "keep_checkpoints=3",
+    ]
     lengths = pair_lengths(load_task(RECIPES["copy"]).train)
     batches = len(token_batches(*lengths, 400, seed=0))
     assert batches % 2 == 1 and (batches + 1) // 4 < 110  # split once; the first epoch ends within the run
@@ -322,8 +377,11 @@ def test_a_two_process_run_killed_and_resumed_makes_the_same_updates(tmp_path):
     os.killpg(cut.pid, signal.SIGKILL)  # torchrun and both workers, at once, as a lost machine would
     cut.wait()
     assert max(int(p.stem[5:]) for p in checkpoints.glob("step-*.pt")) < 110
-    single = subprocess.run([sys.executable, "-m", "annotated_transformer", *COPY, *settings, "--out",
-                             str(tmp_path / "cut"), "--resume"], capture_output=True, text=True)
+    single = subprocess.run(
+        [sys.executable, "-m", "annotated_transformer", *COPY, *settings, "--out", str(tmp_path / "cut"), "--resume"],
+        capture_output=True,
+        text=True,
+    )
     assert single.returncode == 1 and "written by 2 process(es); resume with as many (now 1)" in single.stderr
     resumed = _torchrun(2, *COPY, *settings, "--out", str(tmp_path / "cut"), "--resume")
     for proc in (whole, resumed):
@@ -334,7 +392,8 @@ def test_a_two_process_run_killed_and_resumed_makes_the_same_updates(tmp_path):
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
     assert len(list((tmp_path / "whole" / "checkpoints").glob("step-*.pt"))) == 3  # timed ones, the newest kept
 
-_GRADIENTS = '''
+
+_GRADIENTS = """
 import sys, torch, torch.distributed as dist
 from annotated_transformer import make_model
 from annotated_transformer.distributed import process_share, share_gradients, split_for_processes
@@ -352,7 +411,7 @@ mine, normalizer = process_share(update, lengths[1])  # the training loop's own 
 learner = share_gradients(model, torch.device("cpu"))
 accumulate_gradients(learner, [batches_of(pairs, b) for b in mine], LabelSmoothing(13, 0, 0.1), normalizer=normalizer)
 torch.save([p.grad for p in model.parameters()], f"{sys.argv[1]}/{dist.get_rank() if world > 1 else 'one'}.pt")
-'''
+"""
 
 
 @pytest.mark.slow
@@ -361,9 +420,19 @@ def test_two_processes_compute_the_gradient_of_the_whole_update(tmp_path):
     script = tmp_path / "gradients.py"
     script.write_text(_GRADIENTS)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    for command in ([sys.executable, str(script), str(tmp_path)],
-                    [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(script),
-                     str(tmp_path), "2"]):
+    for command in (
+        [sys.executable, str(script), str(tmp_path)],
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node=2",
+            str(script),
+            str(tmp_path),
+            "2",
+        ],
+    ):
         done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
         assert done.returncode == 0, done.stderr[-2000:]
     one = torch.load(tmp_path / "one.pt")
@@ -373,17 +442,32 @@ def test_two_processes_compute_the_gradient_of_the_whole_update(tmp_path):
     assert max(g.abs().max().item() for g in one) > 1e-3  # gradients worth comparing
 
 
+@pytest.mark.slow
 @needs_mirror
 def test_the_prepare_command_writes_a_complete_folder(tmp_path, cache, capsys):
     from annotated_transformer.cli import main
 
     out = tmp_path / "prepared"
-    assert main(["prepare", "wmt14-en-de", "--corpus", "sample", "--vocab-size", "1000", "--quiet", "--out", str(out)]) == 0
+    assert (
+        main(["prepare", "wmt14-en-de", "--corpus", "sample", "--vocab-size", "1000", "--quiet", "--out", str(out)])
+        == 0
+    )
     printed = capsys.readouterr()
     assert '"vocab_size": 1000' in printed.out and f"prepared in {out}" in printed.err
-    assert sorted(p.name for p in out.iterdir()) == sorted([
-        "prepared.json", "subwords.model", "train.clean.de.gz", "train.clean.en.gz", "train.offsets.npy",
-        "train.src.bin", "train.tgt.bin", "valid.offsets.npy", "valid.src.bin", "valid.tgt.bin"])
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        [
+            "prepared.json",
+            "subwords.model",
+            "train.clean.de.gz",
+            "train.clean.en.gz",
+            "train.offsets.npy",
+            "train.src.bin",
+            "train.tgt.bin",
+            "valid.offsets.npy",
+            "valid.src.bin",
+            "valid.tgt.bin",
+        ]
+    )
     assert main(["prepare", "wmt14-en-de", "--corpus", "wikipedia"]) == 2
     assert "invalid choice: 'wikipedia'" in capsys.readouterr().err
 

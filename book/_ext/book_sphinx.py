@@ -12,6 +12,7 @@ that style. The bibliography labels its entries the same way, [Vaswani et al., 2
 [VSP+17]: the formatting style `plain_author_year` is pybtex's `plain` (sorted by author, year and title) with
 those labels.
 """
+
 import dataclasses
 import re
 import string
@@ -43,6 +44,7 @@ def _escape_docstring(app, what, name, obj, options, lines):
 
 class ShortValueDataDocumenter(DataDocumenter):
     "Module constants, with their value only when it fits on a line or two."
+
     MAX_VALUE = 160
 
     def should_suppress_value_header(self) -> bool:
@@ -57,6 +59,7 @@ def _round() -> BracketStyle:
 @dataclasses.dataclass
 class RoundAuthorYearReferenceStyle(AuthorYearReferenceStyle):
     "Author-year citations in round brackets: Vaswani et al. (2017), (Vaswani et al., 2017)."
+
     bracket_textual: BracketStyle = dataclasses.field(default_factory=_round)
     bracket_parenthetical: BracketStyle = dataclasses.field(default_factory=_round)
     bracket_author: BracketStyle = dataclasses.field(default_factory=_round)
@@ -99,6 +102,7 @@ class AuthorYearLabelStyle(BaseLabelStyle):
 
 class PlainAuthorYearStyle(PlainStyle):
     "pybtex's plain style (entries sorted by author, year, title) with author-year labels."
+
     default_label_style = AuthorYearLabelStyle
 
 

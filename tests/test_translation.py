@@ -1,5 +1,8 @@
-"""Results on real data (book/07_results.ipynb): data download and verification, vocabularies, incremental
-decoding, beam search, checkpoint averaging, BLEU, the Translator and the translate/evaluate commands."""
+"""Results on real data (book/07_results.ipynb) and the data they read (book/a1_data.ipynb): downloads and their
+verification, line readers, vocabularies, incremental decoding, beam search, checkpoint averaging, BLEU, results
+files, the Translator and the translate/evaluate commands."""
+
+import dataclasses
 import gzip
 import hashlib
 import itertools
@@ -7,19 +10,44 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from annotated_transformer import make_model
+from annotated_transformer import data, make_model
 from annotated_transformer.attention import subsequent_mask
-from annotated_transformer.data import MULTI30K_SHA256, DataError, fetch, load_multi30k, read_lines, read_parallel
-from annotated_transformer.runs import RECIPES, load_task, save_checkpoint
+from annotated_transformer.data import (
+    MULTI30K_SHA256,
+    DataError,
+    fetch,
+    iter_lines,
+    load_multi30k,
+    read_lines,
+    read_parallel,
+)
+from annotated_transformer.runs import RECIPES, TRANSLATORS, load_task, record_result, registered, save_checkpoint
 from annotated_transformer.training import BOS, EOS, PAD, greedy_decode, pad_sequences, train
-from annotated_transformer.translation import (IncrementalDecoder, Translator, Vocab, WordTokenizer, average_checkpoints,
-                                               beam_search, corpus_scores, decode_batches, greedy_search,
-                                               length_penalty)
+from annotated_transformer.translation import (
+    ALPHA,
+    BEAM_SIZE,
+    EXTRA_LEN,
+    SPECIALS,
+    IncrementalDecoder,
+    Translator,
+    Vocab,
+    WordTokenizer,
+    average_checkpoints,
+    beam_search,
+    corpus_scores,
+    decode_batches,
+    decoding_variant,
+    greedy_search,
+    length_penalty,
+)
+
 
 def gz(path: Path, lines: list[str]) -> Path:
     path.write_bytes(gzip.compress("".join(line + "\n" for line in lines).encode()))
@@ -31,6 +59,7 @@ def sha(path: Path) -> str:
 
 
 # Data
+
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
@@ -64,13 +93,16 @@ def test_a_checksum_mismatch_is_refused_and_nothing_is_kept(tmp_path, cache, mon
     monkeypatch.setenv("AT_MIRROR", str(tmp_path / "mirror"))
     with pytest.raises(DataError, match="not the expected file .* it was not kept"):
         fetch("demo", "a.gz", "0" * 64, "https://example.invalid")
-    assert list((cache / "demo").iterdir()) == []
+    assert [p.name for p in (cache / "demo").iterdir()] == [".lock"]  # the folder's lock file, nothing downloaded
 
 
 def test_no_network_and_no_mirror_says_where_to_put_the_files(tmp_path, cache, monkeypatch):
     monkeypatch.setenv("AT_MIRROR", str(tmp_path / "empty"))
-    with pytest.raises(DataError, match=r"could not get .*val\.de\.gz.*put val\.de\.gz into .*multi30k, or set "
-                                        r"AT_MIRROR to a folder that holds multi30k/val\.de\.gz"):
+    with pytest.raises(
+        DataError,
+        match=r"could not get .*val\.de\.gz.*put val\.de\.gz into .*multi30k, or set "
+        r"AT_MIRROR to a folder that holds multi30k/val\.de\.gz",
+    ):
         load_multi30k("valid")
     monkeypatch.delenv("AT_MIRROR")
     with pytest.raises(DataError, match="could not get"):  # no network here, or a bad address: the same advice
@@ -83,9 +115,46 @@ def test_parallel_files_must_have_the_same_number_of_lines(tmp_path):
         read_parallel(a, b)
 
 
-def test_lines_split_only_on_newlines(tmp_path):
-    path = gz(tmp_path / "a.gz", ["one\u2028still one", "two\r"])
-    assert read_lines(path) == ["one\u2028still one", "two"]
+def test_lines_split_only_on_newlines_and_drop_the_carriage_return_of_a_line_end(tmp_path):
+    path = tmp_path / "a.gz"
+    text = "one\u2028still one\r\ntwo\x0cstill two\nthree\rstill three\n\x85four"  # the last line has no line end
+    path.write_bytes(gzip.compress(text.encode()))
+    expected = ["one\u2028still one", "two\x0cstill two", "three\rstill three", "\x85four"]
+    lines = iter_lines(path)
+    assert next(lines) == expected[0]  # one line at a time
+    assert [expected[0], *lines] == expected and read_lines(path) == expected
+    assert read_lines(gz(tmp_path / "b.gz", ["last\r", "\r", ""])) == ["last", "", ""]  # empty lines stay lines
+
+
+def test_two_threads_fetching_one_file_at_once_download_it_once(tmp_path, cache, monkeypatch):
+    (tmp_path / "mirror" / "demo").mkdir(parents=True)
+    source = gz(tmp_path / "mirror" / "demo" / "a.gz", [f"line {i}" for i in range(10_000)])
+    monkeypatch.setenv("AT_MIRROR", str(tmp_path / "mirror"))
+    opened, real_open = [], data._open_source
+
+    def slow_open(source, start=0):
+        opened.append(start)
+        time.sleep(0.5)  # a slow network: the other thread asks for the file while this download is under way
+        return real_open(source, start)
+
+    monkeypatch.setattr(data, "_open_source", slow_open)
+    ready, paths, errors = threading.Barrier(2), [], []
+
+    def fetch_it():
+        ready.wait()
+        try:
+            paths.append(fetch("demo", "a.gz", sha(source), "https://example.invalid"))
+        except Exception as err:  # noqa: BLE001 - reported by the assertion below
+            errors.append(err)
+
+    threads = [threading.Thread(target=fetch_it) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == [] and opened == [0]  # one download; the second fetch found its verified result
+    assert paths == [cache / "demo" / "a.gz"] * 2 and sha(paths[0]) == sha(source)
+    assert sorted(p.name for p in (cache / "demo").iterdir()) == [".lock", "a.gz"]  # no .part file left
 
 
 def test_multi30k_has_the_published_sizes_and_checksums():
@@ -102,6 +171,7 @@ def test_multi30k_has_the_published_sizes_and_checksums():
 
 
 # Words
+
 
 def test_vocabulary_is_deterministic_with_specials_first_and_unknown_words():
     sentences = [["b", "a", "c"], ["a", "b"], ["a", "d"]]
@@ -139,6 +209,7 @@ def test_the_other_direction_swaps_the_sides():
 
 
 # Decoding
+
 
 def sharp_model(seed: int, vocab: int = 30, **settings):
     torch.manual_seed(seed)
@@ -205,7 +276,7 @@ def test_greedy_search_is_greedy_decoding(seed):
     assert greedy == greedy_search(model, src, src_mask, extra_len=5, cache=False, banned=())
     reference = greedy_decode(model, src, src_mask, max_len=src.size(1) + 5)
     for g, r, n in zip(greedy, reference, src_mask.sum(dim=(1, 2)).tolist()):
-        assert g == r[:len(g)]
+        assert g == r[: len(g)]
         assert len(g) == len(r) or len(g) == n + 5 - 1  # stopped at </s>, or at its own length limit
 
 
@@ -217,8 +288,9 @@ def test_scores_are_length_normalised_log_probabilities():
         for i, hyp in enumerate(beam_search(model, src, src_mask, beam_size=3, alpha=alpha, extra_len=6)):
             tgt = torch.tensor([[BOS] + hyp.tokens])
             with torch.no_grad():
-                log_probs = model.generator(model.decode(memory[i:i + 1], src_mask[i:i + 1], tgt,
-                                                         subsequent_mask(tgt.size(1))))[0]
+                log_probs = model.generator(
+                    model.decode(memory[i : i + 1], src_mask[i : i + 1], tgt, subsequent_mask(tgt.size(1)))
+                )[0]
             targets = hyp.tokens + [EOS]
             log_prob = sum(log_probs[t, tok].item() for t, tok in enumerate(targets))
             assert hyp.log_prob == pytest.approx(log_prob, abs=1e-9)
@@ -258,7 +330,7 @@ def reference_beam_search(model, src, src_mask, k, alpha, limit):
                 candidates.append((score + lp[token].item(), tokens, token))
         candidates.sort(key=lambda c: -c[0])
         alive = []
-        for rank, (score, tokens, token) in enumerate(candidates[:2 * k]):
+        for rank, (score, tokens, token) in enumerate(candidates[: 2 * k]):
             if token == EOS:
                 if rank < k:
                     finished.append((score / length_penalty(length, alpha), tokens))
@@ -278,7 +350,7 @@ def test_batched_beam_search_follows_the_one_sentence_oracle(seed, beam_size):
     hyps = beam_search(model, src, src_mask, beam_size=beam_size, alpha=0.6, extra_len=4)
     for i, hyp in enumerate(hyps):
         limit = int(src_mask[i].sum()) + 4
-        score, tokens = reference_beam_search(model, src[i:i + 1], src_mask[i:i + 1], beam_size, 0.6, limit)
+        score, tokens = reference_beam_search(model, src[i : i + 1], src_mask[i : i + 1], beam_size, 0.6, limit)
         assert hyp.tokens == tokens and hyp.score == pytest.approx(score, abs=1e-9)
 
 
@@ -301,21 +373,36 @@ def test_translations_respect_the_length_limit_and_the_model_positions():
 
 # Averaging and scores
 
+
 def test_averaging_known_checkpoints_and_refusing_different_models(tmp_path):
     model = make_model(10, 10, N=1, d_model=8, d_ff=16, h=2)
     config = {k: getattr(model.config, k) for k in model.config.__dataclass_fields__}
     paths = []
     for i, value in enumerate([1.0, -2.0, 7.0, 2.0]):
         weights = {name: torch.full_like(t, value) for name, t in model.state_dict().items()}
-        paths.append(save_checkpoint(tmp_path / f"step-{i:06d}.pt", {
-            "config": config, "model": weights, "step": i, "src_vocab": 10, "tgt_vocab": 10, "vocab": {},
-            "optimizer": {}, "rng": {}}))
+        paths.append(
+            save_checkpoint(
+                tmp_path / f"step-{i:06d}.pt",
+                {
+                    "config": config,
+                    "model": weights,
+                    "step": i,
+                    "src_vocab": 10,
+                    "tgt_vocab": 10,
+                    "vocab": {},
+                    "optimizer": {},
+                    "rng": {},
+                },
+            )
+        )
     averaged = average_checkpoints(paths)
     assert all(torch.equal(t, torch.full_like(t, 2.0)) for t in averaged["model"].values())
     assert averaged["step"] == 3 and "optimizer" not in averaged and "rng" not in averaged
     other = make_model(10, 10, N=1, d_model=16, d_ff=16, h=2)
-    odd = save_checkpoint(tmp_path / "odd.pt", {"config": {**config, "d_model": 16}, "model": other.state_dict(),
-                                                "step": 9, "src_vocab": 10, "tgt_vocab": 10})
+    odd = save_checkpoint(
+        tmp_path / "odd.pt",
+        {"config": {**config, "d_model": 16}, "model": other.state_dict(), "step": 9, "src_vocab": 10, "tgt_vocab": 10},
+    )
     with pytest.raises(Exception, match="odd.pt: its model configuration differs"):
         average_checkpoints([paths[0], odd])
 
@@ -331,14 +418,99 @@ def test_corpus_scores_use_sacrebleu_defaults_and_label_the_tokenized_score():
         corpus_scores(refs[:1], refs)
 
 
+# Results files
+
+
+def test_decoding_variant_is_empty_for_the_papers_decoding_and_names_other_settings():
+    assert (BEAM_SIZE, ALPHA, EXTRA_LEN) == (4, 0.6, 50) and decoding_variant(4, 0.6, 50) == ""
+    assert decoding_variant(1, 0.6, 50) == "-beam1-alpha0.6-extra50"
+    others = [(1, 0.6, 50), (4, 0.0, 50), (4, 0.6, 10), (8, 1.0, 50), (4, 0.6, 0)]
+    assert len({decoding_variant(*settings) for settings in others} - {""}) == len(others)  # each its own name
+
+
+def test_record_result_names_the_results_file_with_the_decoding_variant(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.json").write_text(json.dumps({"recipe": RECIPES["multi30k-tiny"].to_dict(), "device": "cpu"}))
+    (run_dir / "metrics.jsonl").write_text(json.dumps({"step": 10, "train_loss": 3.0, "valid_loss": 3.5}) + "\n")
+    (run_dir / "summary.json").write_text(json.dumps({"steps": 10, "wall_time_s": 2.0, "finished": True}))
+
+    def evaluation(beam_size, alpha, extra_len, bleu):
+        return {
+            "dataset": "multi30k",
+            "split": "test",
+            "direction": "de-en",
+            "beam_size": beam_size,
+            "alpha": alpha,
+            "extra_len": extra_len,
+            "bleu": bleu,
+            "hypotheses": ["A dog."],
+            "variant": decoding_variant(beam_size, alpha, extra_len),
+        }
+
+    papers = record_result(run_dir, evaluation(4, 0.6, 50, 20.0), tmp_path / "results")
+    greedy = record_result(run_dir, evaluation(1, 0.6, 50, 15.0), tmp_path / "results")
+    assert papers.name == "multi30k-tiny-de-en-test.json"
+    assert greedy.name == "multi30k-tiny-de-en-test-beam1-alpha0.6-extra50.json"
+    stored = {path.name: json.loads(path.read_text()) for path in (papers, greedy)}
+    assert [r["bleu"] for r in stored.values()] == [20.0, 15.0]  # the second did not overwrite the first
+    result = stored[greedy.name]
+    assert result["recipe"] == "multi30k-tiny" and result["beam_size"] == 1 and result["steps"] == 10
+    assert result["metrics"] == [{"step": 10, "train_loss": 3.0, "valid_loss": 3.5}]
+    assert "hypotheses" not in result and "variant" not in result
+
+
 # The translator and the commands, end to end on a tiny model
+
+
+def words_checkpoint(path: Path) -> Path:
+    "A checkpoint of an untrained model with word vocabularies, as a translation task writes them."
+    model = make_model(8, 8, N=1, d_model=16, d_ff=32, h=2)
+    words = [*SPECIALS, "ein", "Hund", "a", "dog"]
+    return save_checkpoint(
+        path,
+        {
+            "config": dataclasses.asdict(model.config),
+            "model": model.state_dict(),
+            "step": 1,
+            "src_vocab": 8,
+            "tgt_vocab": 8,
+            "vocab": {"kind": "words", "direction": "de-en", "src": words, "tgt": words},
+        },
+    )
+
+
+def test_from_checkpoint_picks_the_class_that_translators_registers_for_the_vocabulary(tmp_path, monkeypatch):
+    path = words_checkpoint(tmp_path / "step-000001.pt")
+    assert registered(TRANSLATORS, "words") is Translator and type(Translator.from_checkpoint(path)) is Translator
+    (tmp_path / "other_translators.py").write_text(
+        "from annotated_transformer.translation import Translator\n\n\n"
+        "class Other(Translator):\n    'A translator registered in place of the usual one.'\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(TRANSLATORS, "words", "other_translators:Other")
+    for paths in ([path], [path, path]):  # one checkpoint, or an average
+        translator = Translator.from_checkpoint(*paths)
+        assert type(translator).__module__ == "other_translators" and type(translator).__name__ == "Other"
+        assert translator.direction == "de-en" and len(translator.tgt_vocab) == 8
+
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     run_dir = tmp_path_factory.mktemp("runs") / "multi30k-tiny"
-    recipe = RECIPES["multi30k-cpu"].replace(N=1, d_model=32, d_ff=64, max_len=64, steps=40, max_tokens=1500, warmup=20,
-                                             eval_every=20, checkpoint_every=10, keep_checkpoints=3,
-                                             average_checkpoints=3)
+    recipe = RECIPES["multi30k-cpu"].replace(
+        N=1,
+        d_model=32,
+        d_ff=64,
+        max_len=64,
+        steps=40,
+        max_tokens=1500,
+        warmup=20,
+        eval_every=20,
+        checkpoint_every=10,
+        keep_checkpoints=3,
+        average_checkpoints=3,
+    )
     summary = train(recipe, run_dir, progress=False)
     return run_dir, summary
 
@@ -363,15 +535,23 @@ def test_translator_defines_empty_long_and_unknown_inputs(tiny_run):
 
 
 def test_a_checkpoint_of_another_task_is_not_a_translator(tmp_path):
-    summary = train(RECIPES["copy"].replace(steps=2, eval_every=1, checkpoint_every=1), tmp_path / "copy", progress=False)
+    summary = train(
+        RECIPES["copy"].replace(steps=2, eval_every=1, checkpoint_every=1), tmp_path / "copy", progress=False
+    )
     assert summary["finished"]
     with pytest.raises(ValueError, match="not trained on text"):
         Translator.from_checkpoint(sorted((tmp_path / "copy" / "checkpoints").glob("*.pt"))[-1])
 
 
 def run_cli(*args, stdin=None, cwd=None):
-    return subprocess.run([sys.executable, "-m", "annotated_transformer", *args], input=stdin, capture_output=True,
-                          text=True, cwd=cwd, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    return subprocess.run(
+        [sys.executable, "-m", "annotated_transformer", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
 
 
 def test_translate_and_evaluate_commands(tiny_run, tmp_path):
@@ -381,8 +561,17 @@ def test_translate_and_evaluate_commands(tiny_run, tmp_path):
     assert done.returncode == 0, done.stderr
     lines = done.stdout.split("\n")
     assert len(lines) == 4 and lines[1] == "" and lines[3] == ""
-    done = run_cli("evaluate", "--checkpoint", str(run_dir), "--split", "valid", "--results", str(tmp_path / "results"),
-                   "--hypotheses", str(tmp_path / "hyps.txt"))
+    done = run_cli(
+        "evaluate",
+        "--checkpoint",
+        str(run_dir),
+        "--split",
+        "valid",
+        "--results",
+        str(tmp_path / "results"),
+        "--hypotheses",
+        str(tmp_path / "hyps.txt"),
+    )
     assert done.returncode == 0, done.stderr
     summary = json.loads((run_dir / "summary.json").read_text())
     result = json.loads((tmp_path / "results" / "multi30k-cpu-de-en-valid.json").read_text())
@@ -398,12 +587,20 @@ def test_translate_and_evaluate_commands(tiny_run, tmp_path):
 
 def test_decode_batches_keeps_the_input_order_and_skips_empty_sources():
     model = sharp_model(9)
-    sources = [[int(t) for t in torch.randint(3, 30, (n,), generator=torch.Generator().manual_seed(n))] + [EOS]
-               for n in (7, 2, 11, 4)]
+    sources = [
+        [int(t) for t in torch.randint(3, 30, (n,), generator=torch.Generator().manual_seed(n))] + [EOS]
+        for n in (7, 2, 11, 4)
+    ]
     sources.insert(2, [])
     batched = decode_batches(model, sources, batch_size=2, beam_size=3, extra_len=5)
-    one_by_one = [beam_search(model, torch.tensor([s]), torch.ones(1, 1, len(s), dtype=torch.bool), beam_size=3,
-                              extra_len=5)[0].tokens if s else [] for s in sources]
+    one_by_one = [
+        beam_search(model, torch.tensor([s]), torch.ones(1, 1, len(s), dtype=torch.bool), beam_size=3, extra_len=5)[
+            0
+        ].tokens
+        if s
+        else []
+        for s in sources
+    ]
     assert batched == one_by_one and batched[2] == []
 
 
@@ -411,7 +608,9 @@ def test_cached_run_trains_once_resumes_an_interrupted_run_and_keys_on_the_setti
     from annotated_transformer import training
     from annotated_transformer.training import train
 
-    recipe = RECIPES["copy"].replace(N=1, d_model=16, d_ff=32, h=2, steps=12, warmup=4, eval_every=4, checkpoint_every=4)
+    recipe = RECIPES["copy"].replace(
+        N=1, d_model=16, d_ff=32, h=2, steps=12, warmup=4, eval_every=4, checkpoint_every=4
+    )
     calls = []
 
     def interrupted_once(recipe, run_dir, **kwargs):

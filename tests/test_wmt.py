@@ -1,4 +1,4 @@
-"""Scaling to WMT14 (book/09_scaling_wmt.ipynb): resumable downloads, the WMT14 files, cleaning, SentencePiece,
+"""Scaling to WMT14 (book/11_scaling_wmt.ipynb): resumable downloads, the WMT14 files, cleaning, SentencePiece,
 memory-mapped token data, and training in two processes (torchrun, gloo): the same updates as one process, every
 sentence on exactly one process, and a run killed and resumed making the same updates as one never stopped."""
 

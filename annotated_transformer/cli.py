@@ -10,13 +10,16 @@ import argparse
 import json
 import math
 import os
+import signal
 import sys
+import threading
+import warnings
 from pathlib import Path
 
 import torch
 
 from .distributed import process_group
-from .runs import RECIPES, record_result
+from .runs import RECIPES, Recipe, read_json, record_result
 
 # %% ../book/a4_command_line.ipynb #e899107d
 class UsageError(Exception):
@@ -89,7 +92,9 @@ def _add_train(commands) -> None:
     )
     train_cmd.add_argument("recipe", help=f"the recipe: {', '.join(RECIPES)}")
     train_cmd.add_argument("--out", type=Path, help="run directory (default: runs/RECIPE)")
-    train_cmd.add_argument("--resume", action="store_true", help="continue the run in --out from its newest checkpoint")
+    train_cmd.add_argument("--resume", action="store_true",
+                           help="continue the run in --out from its newest checkpoint, with the settings in its "
+                           "config.json (KEY=VALUE may only raise steps)")
     train_cmd.add_argument("--device", help="cpu, cuda, cuda:N or mps (default: the best available)")
     train_cmd.add_argument("--quiet", action="store_true", help="no progress bar")
     train_cmd.add_argument("--compile", action="store_true", help="compile the model with torch.compile (for GPUs)")
@@ -99,20 +104,50 @@ def _add_train(commands) -> None:
     )
 
 
+def _resumed_recipe(out: Path, name: str, settings: dict) -> Recipe:
+    """The recipe of the run in `out`, from its config.json: a resumed run keeps its own settings, so that they need
+    not be typed again. A setting given that differs from the run's is refused by name; only `steps` may grow."""
+    config = out / "config.json"
+    if not config.is_file():
+        raise FileNotFoundError(f"nothing to resume in --out {str(out)!r}: it holds no config.json")
+    stored = read_json(config)["recipe"]
+    if stored.get("name") != name:
+        raise UsageError(f"--out {str(out)!r} holds a run of the recipe {stored.get('name')!r}, not {name!r}")
+    recipe = Recipe.from_dict(stored)
+    try:
+        asked = recipe.replace(**settings)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    if changed := [key for key in recipe.differences(asked.to_dict()) if key != "steps"]:
+        run_settings = {**stored, **stored.get("model", {})}
+        given = ", ".join(f"{key}={settings[key]!r} (the run has {run_settings.get(key)!r})" for key in changed)
+        raise UsageError(f"{given}: a resumed run keeps the settings in {config}; leave them out")
+    return asked
+
+
 def _train(args, settings: dict) -> dict:
     "Run `train`: the recipe with its KEY=VALUE settings, trained into its run directory; returns the summary."
     from annotated_transformer.training import train
 
     if args.recipe not in RECIPES:
         raise UsageError(f"unknown recipe {args.recipe!r}; the recipes are: {', '.join(RECIPES)}")
+    out = args.out or Path("runs") / args.recipe
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {str(out)!r} is a file; give a folder for the run")
     try:
         recipe = RECIPES[args.recipe].replace(**settings)
     except ValueError as err:
         raise UsageError(str(err)) from None
+    if args.resume:
+        recipe = _resumed_recipe(out, args.recipe, settings)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UsageError(f"--out {str(out)!r}: cannot create the folder ({err.strerror})") from None
     with process_group(_device(args.device)) as device:  # under torchrun: one of several processes
         return train(
             recipe,
-            args.out or Path("runs") / recipe.name,
+            out,
             device=device,
             resume=args.resume,
             progress=not args.quiet,
@@ -233,27 +268,42 @@ def _add_translate(commands) -> None:
     translate_cmd = commands.add_parser(
         "translate",
         help="translate sentences from stdin",
-        description="Translate standard input, one sentence per line, to standard output, in the same order. "
-        "An empty line gives an empty line.",
+        description="Translate standard input, one sentence per line, to standard output: one line out for each "
+        "line in, in the same order (an empty line gives an empty line). The input is UTF-8; a byte-order mark at "
+        "its start is skipped, and bytes that are not UTF-8 are replaced, with a warning naming the line.",
     )
     _decoding_options(translate_cmd)
 
 
+def _input_lines() -> list[str]:
+    """The lines of standard input, split at "\\n" only, a "\\r" before it dropped. UTF-8 whatever the locale says,
+    without a byte-order mark at the start; bytes that are not UTF-8 become U+FFFD, with one warning per line."""
+    if not hasattr(sys.stdin, "buffer"):  # a replaced sys.stdin (e.g. in a notebook) is already text
+        lines = sys.stdin.read().removeprefix("\ufeff").split("\n")
+    else:
+        lines = []
+        for number, raw in enumerate(sys.stdin.buffer.read().removeprefix(b"\xef\xbb\xbf").split(b"\n"), 1):
+            try:
+                lines.append(raw.decode("utf-8"))
+            except UnicodeDecodeError:
+                warnings.warn(f"line {number} of standard input is not valid UTF-8; its undecodable bytes were "
+                              "replaced by U+FFFD", stacklevel=2)
+                lines.append(raw.decode("utf-8", errors="replace"))
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line.removesuffix("\r") for line in lines]
+
+
 def _translate(args) -> None:
-    "Run `translate`: standard input to standard output, line by line, in UTF-8."
+    "Run `translate`: standard input to standard output, one line out for each line in, in UTF-8."
     from annotated_transformer.translation import Translator
 
     paths, _ = _resolve_checkpoints(args.checkpoint, args.average)
     translator = Translator.from_checkpoint(*paths, device=_device(args.device))
-    # UTF-8 whatever the locale says (a replaced sys.stdin, e.g. in a notebook, is already text)
-    text = sys.stdin.buffer.read().decode("utf-8") if hasattr(sys.stdin, "buffer") else sys.stdin.read()
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    translations = translator.translate(
-        [line.removesuffix("\r") for line in lines], args.beam_size, args.alpha, args.extra_len
-    )
-    out = "".join(t + "\n" for t in translations)
+    lines = _input_lines()
+    translations = translator.translate(lines, args.beam_size, args.alpha, args.extra_len)
+    # One line for each translation, whatever the translator returned: a line break inside becomes a space.
+    out = "".join(" ".join(t.splitlines()) + "\n" for t in translations)
     if hasattr(sys.stdout, "buffer"):
         sys.stdout.flush()
         sys.stdout.buffer.write(out.encode("utf-8"))
@@ -382,41 +432,62 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 # %% ../book/a4_command_line.ipynb #88975b3f
+class _Terminated(KeyboardInterrupt):
+    "SIGTERM (a container stopped, a scheduler's time limit): handled as Ctrl-C is, at the next consistent point."
+
+
+def _on_sigterm(signum, frame):
+    raise _Terminated
+
+
+def _one_line_warning(message, category, filename, lineno, file=None, line=None):
+    "Warnings as the command line's other messages: one line on stderr, without the source line."
+    print(f"annotated-transformer: warning: {message}", file=sys.stderr)
+
+
 def main(argv=None) -> int:
     """The command line: `annotated-transformer train | prepare | translate | evaluate | bench ...` (see `--help`).
 
     Every failure prints one line on stderr, without a traceback: exit code 2 for mistakes in the arguments
-    or settings, 1 for anything that goes wrong while running, 130 after Ctrl-C.
+    or settings, 1 for anything that goes wrong while running, 130 after Ctrl-C and 143 after SIGTERM.
     """
     args = None
+    in_main_thread = threading.current_thread() is threading.main_thread()  # only it may handle signals
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main_thread else None
     try:
-        args, rest = build_parser().parse_known_args(argv)
-        if args.command != "train" and rest:
-            raise UsageError(f"unrecognized arguments: {' '.join(rest)}")
-        settings = dict(parse_override(word) for word in rest)  # KEY=VALUE words, before or after the options
-        if args.command == "train":
-            summary = _train(args, settings)
-            if os.environ.get("RANK", "0") == "0":  # under torchrun, the first process speaks for all
-                print(json.dumps(summary, indent=2))
-        elif args.command == "prepare":
-            print(json.dumps(_prepare(args), indent=2))
-        elif args.command == "translate":
-            _translate(args)
-        elif args.command == "evaluate":
-            _evaluate(args)
-        else:
-            _bench(args)
+        with warnings.catch_warnings():
+            warnings.showwarning = _one_line_warning
+            args, rest = build_parser().parse_known_args(argv)
+            if args.command != "train" and rest:
+                raise UsageError(f"unrecognized arguments: {' '.join(rest)}")
+            settings = dict(parse_override(word) for word in rest)  # KEY=VALUE words, before or after the options
+            if args.command == "train":
+                summary = _train(args, settings)
+                if os.environ.get("RANK", "0") == "0":  # under torchrun, the first process speaks for all
+                    print(json.dumps(summary, indent=2))
+            elif args.command == "prepare":
+                print(json.dumps(_prepare(args), indent=2))
+            elif args.command == "translate":
+                _translate(args)
+            elif args.command == "evaluate":
+                _evaluate(args)
+            else:
+                _bench(args)
     except UsageError as err:
         print(f"annotated-transformer: error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(
-            "annotated-transformer: interrupted"
-            + ("; continue with --resume" if args and args.command == "train" else ""),
-            file=sys.stderr,
-        )
-        return 130
+    except KeyboardInterrupt as err:
+        how = "stopped by SIGTERM" if isinstance(err, _Terminated) else "interrupted"
+        resume = ""
+        if args and args.command == "train":
+            out = args.out or Path("runs") / args.recipe
+            resume = f"; continue with: annotated-transformer train {args.recipe} --out {out} --resume"
+        print(f"annotated-transformer: {how}{resume}", file=sys.stderr)
+        return 143 if isinstance(err, _Terminated) else 130
     except Exception as err:  # noqa: BLE001 - the command line reports, the library raises
         print(f"annotated-transformer: error: {err}", file=sys.stderr)
         return 1
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
     return 0

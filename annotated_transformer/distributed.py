@@ -99,16 +99,16 @@ def sum_over_processes(loss: float, tokens: int, due: bool, device: torch.device
 
 def gather_rng_states(rng: dict, model: nn.Module, step: int) -> tuple[dict, dict]:
     """For a checkpoint: this process's random state `rng`, or with several processes all of theirs, and what the
-    checkpoint records of the processes (their number and the digest of the weights, which must agree)."""
+    checkpoint records of the processes (their number). The processes first compare the digests of their weights
+    (`weights_digest`, the one every checkpoint stores and `load_checkpoint` verifies), which must agree."""
     world = rank_and_world_size()[1]
     if world == 1:
         return rng, {}
-    digest = weights_digest(model)
     states = [None] * world
-    dist.all_gather_object(states, (rng, digest))
+    dist.all_gather_object(states, (rng, weights_digest(model)))
     if len({d for _, d in states}) > 1:
         raise RuntimeError(f"the processes' copies of the model differ at update {step}; this is a bug")
-    return {"processes": [state for state, _ in states]}, {"world_size": world, "weights_digest": digest}
+    return {"processes": [state for state, _ in states]}, {"world_size": world}
 
 # %% ../book/a3_distributed.ipynb #e6309443
 def under_torchrun() -> bool:

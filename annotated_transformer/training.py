@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import torch
+from filelock import FileLock
 from torch import Tensor, nn
 from tqdm import tqdm
 
@@ -29,7 +30,7 @@ from .distributed import (accumulation_steps, check_same_data, gather_rng_states
                                                split_for_processes, sum_over_processes)
 from .model import EncoderDecoder, make_model
 from .runs import (Recipe, RunDir, Task, TrainingState, check_device, list_checkpoints,
-                                        load_task, rng_state)
+                                        load_task, read_json, rng_state)
 
 PAD, BOS, EOS = 0, 1, 2
 
@@ -288,81 +289,83 @@ def copy_data(recipe: Recipe) -> Task:
 # %% ../book/06_training.ipynb #39ce81e8
 def train(recipe: Recipe, run_dir, *, device=None, resume: bool = False, progress: bool = True,
           stop_after: int | None = None, compile: bool = False) -> dict:
-    """Train `recipe`, writing the run into `run_dir` (see `RunDir`); returns the summary, also in summary.json.
-
-    `device` defaults to the best available; on CUDA the forward pass runs in bf16 autocast where the GPU supports
-    it. `resume=True` continues from the newest checkpoint exactly where it stopped. `stop_after` ends the run after
-    that many updates in all, as an interruption would. `compile=True` compiles the model with `torch.compile`.
-    Under `torchrun` the processes train one model together: each takes its share of every update's batches, their
-    gradients are averaged, and process 0 alone evaluates and writes.
-    """
+    """Train `recipe` into `run_dir` (see `RunDir`) on `device` (default: the best available; bf16 autocast on CUDA
+    where supported); returns the summary, also in summary.json. `resume=True` continues exactly from the newest
+    checkpoint (a finished run stays as it is unless `recipe.steps` asks for more); `stop_after` ends the run after
+    that many updates, as an interruption would; `compile=True` compiles the model. Under `torchrun` the processes
+    train one model together, each with its share of every update's batches; process 0 alone evaluates and writes."""
     device, (rank, world) = check_device(device), rank_and_world_size()
-    run, task = RunDir(run_dir, writer=rank == 0), load_task(recipe)
-    torch.manual_seed(recipe.seed)
-    model = make_model(task.src_vocab, task.tgt_vocab, recipe.model).to(device)
-    seed_dropout(recipe.seed)  # the same initial weights in every process, but each its own dropout
-    optimizer, scheduler = make_optimizer(model, recipe.model.d_model, recipe.factor, recipe.warmup)
-    criterion = LabelSmoothing(task.tgt_vocab, PAD, recipe.model.label_smoothing)
-    state = run.resume(recipe, model, optimizer, scheduler, device, rank, world) if resume else TrainingState()
-    accum = accumulation_steps(recipe, world)
-    run.start(recipe, device, world, accum, resume)
-    if compile:
-        model.compile()  # in place: the module, its parameters and their names stay the same
-    learner = share_gradients(model, device)
-    autocast = device.type == "cuda" and torch.cuda.is_bf16_supported()
-    src_lengths, tgt_lengths = pair_lengths(task.train)
-    check_same_data(len(src_lengths), sum(src_lengths), sum(tgt_lengths), task.src_vocab)
-    end = recipe.steps if stop_after is None else min(recipe.steps, stop_after)
-    started, saved_at, window_start = time.perf_counter() - state.elapsed_s, time.perf_counter(), time.perf_counter()
-    bar = tqdm(total=recipe.steps, initial=state.step, disable=not progress or rank > 0, desc=recipe.name, unit="update")
-    order, last = None, {}
-    model.train()
-    while state.step < end:
-        if order is None or state.position == 0:  # each epoch its own shuffle, from the seed and the epoch
-            batches = token_batches(src_lengths, tgt_lengths, recipe.max_tokens, recipe.seed + state.epoch)
-            order = split_for_processes(batches, world)
-        update = order[state.position:state.position + world * accum]  # the same in every process; each takes a share
-        mine, normalizer = process_share(update, tgt_lengths)
-        group = [batches_of(task.train, b).to(device) for b in mine]
-        loss, ntokens = accumulate_gradients(learner, group, criterion, autocast, normalizer)
-        due = recipe.checkpoint_minutes is not None and time.perf_counter() - saved_at >= 60 * recipe.checkpoint_minutes
-        loss, ntokens, due = sum_over_processes(loss, ntokens, due, device)
-        if not math.isfinite(loss):
-            raise FloatingPointError(f"the loss became {loss} at update {state.step + 1}; lower the learning rate "
-                                     "(factor) or set clip_norm, and resume from the last checkpoint")
-        if recipe.clip_norm is not None:
-            nn.utils.clip_grad_norm_(model.parameters(), recipe.clip_norm)
-        lr = optimizer.param_groups[0]["lr"]
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
-        state.advance(len(update), len(order), loss, ntokens)
-        bar.update()
-        bar.set_postfix(loss=f"{loss / ntokens:.3f}", lr=f"{lr:.2e}",
-                        tokens_per_s=f"{state.window_tokens / max(time.perf_counter() - window_start, 1e-9):.0f}")
-        if rank == 0 and (state.step % recipe.eval_every == 0 or state.step == recipe.steps):
-            now, valid = time.perf_counter(), validation_loss(model, task.valid, recipe.max_tokens, device)
-            last = {"step": state.step, "epoch": state.epoch, "train_loss": state.window_loss / state.window_tokens,
-                    "valid_loss": valid, "valid_ppl": math.exp(valid) if valid < 700 else None, "lr": lr,
-                    "tokens_per_s": state.window_tokens / (now - window_start), "elapsed_s": now - started}
-            run.log(last)
-            state.window_loss, state.window_tokens, window_start = 0.0, 0, time.perf_counter()
-        if state.step % recipe.checkpoint_every == 0 or state.step == end or due:
-            state.elapsed_s = time.perf_counter() - started
-            rng, processes = gather_rng_states(rng_state(device), model, state.step)
-            run.save({"config": recipe.to_dict()["model"], "recipe": recipe.to_dict(), "src_vocab": task.src_vocab,
-                      "tgt_vocab": task.tgt_vocab, "vocab": task.vocab, "model": model.state_dict(),
-                      "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "step": state.step,
-                      "epoch": state.epoch, "position": state.position, "elapsed_s": state.elapsed_s,
-                      "window": (state.window_loss, state.window_tokens), "rng": rng, **processes},
-                     state.step, recipe.keep_checkpoints)
-            saved_at = time.perf_counter()
-    bar.close()
-    summary = {"recipe": recipe.name, "device": str(device), "steps": state.step, "finished": state.step >= recipe.steps,
-               "wall_time_s": time.perf_counter() - started, **({"final": last} if last else {})}
-    if rank == 0 and summary["finished"]:
-        summary.update(task.evaluate(model.eval(), device))
-    return run.finish(summary)
+    with RunDir(run_dir, writer=rank == 0) as run:  # one training at a time in a run directory
+        if resume and (summary := run.finished(recipe)):
+            return summary
+        task = load_task(recipe)
+        torch.manual_seed(recipe.seed)
+        model = make_model(task.src_vocab, task.tgt_vocab, recipe.model).to(device)
+        seed_dropout(recipe.seed)  # the same initial weights in every process, but each its own dropout
+        optimizer, scheduler = make_optimizer(model, recipe.model.d_model, recipe.factor, recipe.warmup)
+        criterion = LabelSmoothing(task.tgt_vocab, PAD, recipe.model.label_smoothing)
+        state = run.resume(recipe, model, optimizer, scheduler, device, rank, world) if resume else TrainingState()
+        accum = accumulation_steps(recipe, world)
+        run.start(recipe, device, world, accum, resume)
+        if compile:
+            model.compile()  # in place: the module, its parameters and their names stay the same
+        learner = share_gradients(model, device)
+        autocast = device.type == "cuda" and torch.cuda.is_bf16_supported()
+        src_lengths, tgt_lengths = pair_lengths(task.train)
+        check_same_data(len(src_lengths), sum(src_lengths), sum(tgt_lengths), task.src_vocab)
+        end = recipe.steps if stop_after is None else min(recipe.steps, stop_after)
+        started, saved_at = time.perf_counter() - state.elapsed_s, time.perf_counter()
+        window_start = saved_at
+        bar = tqdm(total=recipe.steps, initial=state.step, disable=not progress or rank > 0, desc=recipe.name,
+                   unit="update")
+        order, last = None, state.last  # the newest evaluation, also of a resumed run
+        while state.step < end:
+            if order is None or state.position == 0:  # each epoch its own shuffle, from the seed and the epoch
+                batches = token_batches(src_lengths, tgt_lengths, recipe.max_tokens, recipe.seed + state.epoch)
+                order = split_for_processes(batches, world)
+            update = order[state.position:state.position + world * accum]  # the same in every process, shared out
+            mine, normalizer = process_share(update, tgt_lengths)
+            group = [batches_of(task.train, b).to(device) for b in mine]
+            loss, ntokens = accumulate_gradients(learner, group, criterion, autocast, normalizer)
+            due = time.perf_counter() - saved_at >= 60 * (recipe.checkpoint_minutes or math.inf)
+            loss, ntokens, due = sum_over_processes(loss, ntokens, due, device)
+            if not math.isfinite(loss):
+                raise FloatingPointError(f"the loss became {loss} at update {state.step + 1}; lower the learning rate "
+                                         "(factor) or set clip_norm, and resume from the last checkpoint")
+            if recipe.clip_norm is not None:
+                nn.utils.clip_grad_norm_(model.parameters(), recipe.clip_norm)
+            lr = optimizer.param_groups[0]["lr"]
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            state.advance(len(update), len(order), loss, ntokens)
+            bar.update()
+            bar.set_postfix(loss=f"{loss / ntokens:.3f}", lr=f"{lr:.2e}",
+                            tokens_per_s=f"{state.window_tokens / max(time.perf_counter() - window_start, 1e-9):.0f}")
+            if rank == 0 and (state.step % recipe.eval_every == 0 or state.step == recipe.steps):
+                now, valid = time.perf_counter(), validation_loss(model, task.valid, recipe.max_tokens, device)
+                last = {"step": state.step, "epoch": state.epoch, "train_loss": state.window_loss / state.window_tokens,
+                        "valid_loss": valid, "valid_ppl": math.exp(valid) if valid < 700 else None, "lr": lr,
+                        "tokens_per_s": state.window_tokens / (now - window_start), "elapsed_s": now - started}
+                run.log(last)
+                state.window_loss, state.window_tokens, window_start = 0.0, 0, time.perf_counter()
+            if state.step % recipe.checkpoint_every == 0 or state.step == end or due:
+                state.elapsed_s = time.perf_counter() - started
+                rng, processes = gather_rng_states(rng_state(device), model, state.step)
+                run.save({"config": recipe.to_dict()["model"], "recipe": recipe.to_dict(), "src_vocab": task.src_vocab,
+                          "tgt_vocab": task.tgt_vocab, "vocab": task.vocab, "model": model.state_dict(),
+                          "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "step": state.step,
+                          "epoch": state.epoch, "position": state.position, "elapsed_s": state.elapsed_s,
+                          "window": (state.window_loss, state.window_tokens), "rng": rng, **processes},
+                         state.step, recipe.keep_checkpoints)
+                saved_at = time.perf_counter()
+        bar.close()
+        summary = {"recipe": recipe.name, "device": str(device), "steps": state.step,
+                   "finished": state.step >= recipe.steps, "wall_time_s": time.perf_counter() - started,
+                   **({"final": last} if last else {})}
+        if rank == 0 and summary["finished"]:  # a run stopped during this evaluation resumes to run it alone
+            summary.update(task.evaluate(model.eval(), device))
+        return run.finish(summary)
 
 # %% ../book/06_training.ipynb #571bb459
 def plot_metrics(run_dir, ax=None):
@@ -391,7 +394,7 @@ def cached_run(recipe: Recipe, *, device=None, progress: bool = True) -> Path:
 
     The folder is named after the recipe and a hash of all its settings and of the source of the modules that
     build, train and feed the model, so a changed recipe or a change to that code is a new run. A finished run
-    is returned as it is; an interrupted one is resumed from its newest checkpoint; otherwise the recipe is
+    is returned as it is (a process that is training it is waited for); an interrupted one is resumed from its newest checkpoint; otherwise the recipe is
     trained (with `train`) into it. Chapters use it so that a model trained once serves them all.
     """
     key = hashlib.sha256(json.dumps(recipe.to_dict(), sort_keys=True).encode())
@@ -400,10 +403,12 @@ def cached_run(recipe: Recipe, *, device=None, progress: bool = True) -> Path:
         key.update((package / f"{module}.py").read_bytes())
     run_dir = data_dir() / "runs" / f"{recipe.name}-{key.hexdigest()[:12]}"
     summary = run_dir / "summary.json"
-    if summary.exists() and json.loads(summary.read_text()).get("finished"):
-        return run_dir
-    resume = bool(list_checkpoints(run_dir))
-    if not resume and run_dir.exists():  # stopped before its first checkpoint: nothing in it can be resumed
-        shutil.rmtree(run_dir)
-    train(recipe, run_dir, device=device, resume=resume, progress=progress)
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(run_dir.with_name(run_dir.name + ".lock")):  # another process training it: wait for it, then use it
+        if summary.exists() and read_json(summary).get("finished"):
+            return run_dir
+        resume = bool(list_checkpoints(run_dir))
+        if not resume and run_dir.exists():  # stopped before its first checkpoint: nothing in it can be resumed
+            shutil.rmtree(run_dir)
+        train(recipe, run_dir, device=device, resume=resume, progress=progress)
     return run_dir

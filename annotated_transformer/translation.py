@@ -67,7 +67,8 @@ class Vocab:
     """A word vocabulary: the special symbols (ids 0-3: padding, start, end, unknown), then the words.
 
     `Vocab.build(sentences, min_freq)` keeps every word seen at least `min_freq` times, most frequent first
-    (ties alphabetically, so the same data always gives the same ids). `encode` maps unknown words to `<unk>`.
+    (ties alphabetically, so the same data always gives the same ids). `encode` maps unknown words to `<unk>`, and
+    so the words that spell a special symbol: `<s>` in a sentence is text, never the start symbol.
     """
 
     def __init__(self, itos: list[str]):
@@ -86,7 +87,7 @@ class Vocab:
         return len(self.itos)
 
     def encode(self, tokens: list[str]) -> list[int]:
-        return [self.stoi.get(w, UNK) for w in tokens]
+        return [UNK if w in SPECIALS else self.stoi.get(w, UNK) for w in tokens]
 
     def decode(self, ids: list[int]) -> list[str]:
         return [self.itos[i] for i in ids]
@@ -358,29 +359,33 @@ def checkpoints_to_average(run_dir, k: int) -> list[Path]:
 
 # %% ../book/07_results.ipynb #97a9b374
 def decode_batches(model: EncoderDecoder, sources: list[list[int]], batch_size: int = 64, beam_size: int = BEAM_SIZE,
-                   alpha: float = ALPHA, extra_len: int = EXTRA_LEN, cache: bool = True) -> list[list[int]]:
+                   alpha: float = ALPHA, extra_len: int = EXTRA_LEN, cache: bool = True,
+                   banned: tuple[int, ...] = (PAD, BOS)) -> list[list[int]]:
     """Decode source sentences given as token ids (each ending in </s>) with `beam_search`: sorted by length so
     that a batch wastes little on padding, `batch_size` at a time. Returns the output token ids in input order;
-    an empty source gives an empty output without running the model."""
+    an empty source gives an empty output without running the model. No output holds a token in `banned`."""
     device = next(model.parameters()).device
     out: list[list[int]] = [[] for _ in sources]
     order = sorted((i for i, x in enumerate(sources) if x), key=lambda i: len(sources[i]))
     for start in range(0, len(order), batch_size):
         chunk = order[start:start + batch_size]
         src = pad_sequences([sources[i] for i in chunk]).to(device)
-        for i, hyp in zip(chunk, beam_search(model, src, (src != PAD)[:, None, :], beam_size, alpha, extra_len, cache)):
+        hyps = beam_search(model, src, (src != PAD)[:, None, :], beam_size, alpha, extra_len, cache, banned=banned)
+        for i, hyp in zip(chunk, hyps):
             out[i] = hyp.tokens
     return out
 
-
+# %% ../book/07_results.ipynb #757bdeb4
 class Translator:
     """Translate text with a trained model: tokenization, batched beam search, detokenization.
 
     `Translator.from_checkpoint(path, ...)` loads a checkpoint written by `train` (several paths: their
-    average). `translate(sentences)` returns one string per input string, in order: `encode` turns the text into
-    source token ids, `decode_batches` decodes them `batch_size` at a time, and the output is detokenized. An
-    empty or whitespace-only input gives an empty output without running the model. An input longer than the model's positions is cut to fit, with a warning that counts
-    such inputs. Words never seen in training become `<unk>`, and the model may also write `<unk>`.
+    average). `translate(sentences)` returns one string per input string, in order (a single string: one string):
+    `encode` turns the text into source token ids, `decode_batches` decodes them `batch_size` at a time, and the
+    output is detokenized. An empty or whitespace-only input gives an empty output without running the model. An
+    input longer than the model's positions is cut to fit, with a one-line warning that says which. Words never
+    seen in training become `<unk>`, and so does text that spells a special symbol; the model may also write
+    `<unk>`. Every translation is one line: target tokens whose text breaks a line are `banned` from the search.
     """
 
     def __init__(self, model: EncoderDecoder, vocab: dict, device="cpu", batch_size: int = 64):
@@ -409,11 +414,13 @@ class Translator:
         "Source token ids of each string, ending in </s> and cut to the model's positions; [] for an empty one."
         sentences = list(sentences)
         if any(not isinstance(s, str) for s in sentences):
-            raise TypeError("translate takes a list of strings")
+            raise TypeError("translate takes a string or a list of strings")
         limit = self.model.config.max_len - 1                              # source positions, </s> included
         ids = self.source_ids(sentences)
-        if too_long := sum(len(x) > limit - 1 for x in ids):
-            warnings.warn(f"{too_long} input(s) longer than the model's {limit - 1} source tokens were cut to fit")
+        if cut := [n for n, x in enumerate(ids, 1) if len(x) > limit - 1]:
+            which = ", ".join(map(str, cut[:10])) + (", ..." if len(cut) > 10 else "")
+            warnings.warn(f"{len(cut)} input(s) longer than the model's {limit - 1} source tokens were cut to fit: "
+                          f"input(s) {which}, counting from 1")
         return [x[:limit - 1] + [EOS] if x else [] for x in ids]
 
     def source_ids(self, sentences: list[str]) -> list[list[int]]:
@@ -424,11 +431,25 @@ class Translator:
         "The text of target token ids: words, detokenized."
         return self.tgt_tokenizer.detokenize(self.tgt_vocab.decode(ids))
 
+    def token_texts(self) -> list[str]:
+        "The text of each target id on its own."
+        return self.tgt_vocab.itos
+
+    @functools.cached_property
+    def banned(self) -> tuple[int, ...]:
+        "The target ids never written: padding, <s>, and every token whose text holds a line break (`str.splitlines`)."
+        return (PAD, BOS, *(i for i, text in enumerate(self.token_texts()) if len(f"x{text}x".splitlines()) > 1))
+
     def translate(self, sentences, beam_size: int = BEAM_SIZE, alpha: float = ALPHA, extra_len: int = EXTRA_LEN,
-                  cache: bool = True) -> list[str]:
-        "One translation per input string, in order (§6.1's decoding by default)."
-        outputs = decode_batches(self.model, self.encode(sentences), self.batch_size, beam_size, alpha, extra_len, cache)
-        return [self.decode(tokens) if tokens else "" for tokens in outputs]
+                  cache: bool = True) -> list[str] | str:
+        """One translation per input string, in order (§6.1's decoding by default); a single string is one sentence
+        and gives one string. A translation is one line: besides the `banned` tokens, a line break that several
+        byte pieces spell together (which no single banned token catches) becomes a space."""
+        if isinstance(sentences, str):
+            return self.translate([sentences], beam_size, alpha, extra_len, cache)[0]
+        outputs = decode_batches(self.model, self.encode(sentences), self.batch_size, beam_size, alpha, extra_len,
+                                 cache, self.banned)
+        return [" ".join(self.decode(tokens).splitlines()) if tokens else "" for tokens in outputs]
 
 # %% ../book/07_results.ipynb #c921aa94
 def corpus_scores(hypotheses: list[str], references: list[str], lang: str | None = None) -> dict:

@@ -68,7 +68,8 @@ def capture_attention(translator: Translator, sources: list[str], targets: list[
         raise ValueError("capture_attention needs a list of non-empty source sentences")
     src = translator.encode(sources)
     if targets is None:
-        tgt = [ids + [EOS] for ids in decode_batches(translator.model, src, translator.batch_size, beam_size)]
+        tgt = [ids + [EOS] for ids in decode_batches(translator.model, src, translator.batch_size, beam_size,
+                                                                        banned=translator.banned)]
     else:
         targets = list(targets)
         if len(targets) != len(sources):

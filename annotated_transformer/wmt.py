@@ -432,12 +432,17 @@ class SubwordTranslator(Translator):
         self.subwords = Subwords(vocab["model"])
 
     def source_ids(self, sentences: list[str]) -> list[list[int]]:
-        "The subword ids of each sentence, its whitespace normalised as in the training data."
+        """The subword ids of each sentence, its whitespace normalised as in the training data. SentencePiece never
+        reads a control symbol from text: `<s>` typed in a sentence is spelled in pieces, like any other text."""
         return self.subwords.encode([" ".join(s.split()) for s in sentences])
 
     def decode(self, ids: list[int]) -> str:
         "The text of target subword ids."
         return self.subwords.decode(ids)
+
+    def token_texts(self) -> list[str]:
+        "The text of each subword id on its own: a byte piece gives its byte where that byte is a character alone."
+        return [self.subwords.decode([i]) for i in range(len(self.subwords))]
 
 
 

@@ -408,12 +408,22 @@ def test_resume_restores_the_newest_checkpoint_and_forgets_metrics_logged_after_
     reader.resume(TINY, fresh, fresh_optimizer, fresh_scheduler, cpu)
     assert len(run.metrics.read_text().splitlines()) == 3  # only the writer rewrites the metrics
     restored = RunDir(run.path).resume(TINY, fresh, fresh_optimizer, fresh_scheduler, cpu)
-    assert restored == TrainingState(step=16, epoch=1, position=3, elapsed_s=2.5, window_loss=4.0, window_tokens=20)
+    assert restored == TrainingState(
+        step=16,
+        epoch=1,
+        position=3,
+        elapsed_s=2.5,
+        window_loss=4.0,
+        window_tokens=20,
+        last={"step": 16, "train_loss": 1.0},
+    )  # the newest evaluation kept
     assert [json.loads(line)["step"] for line in run.metrics.read_text().splitlines()] == [8, 16]
     assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), model.state_dict().values()))
     assert torch.equal(torch.rand(3), expected_draw)
-    with pytest.raises(CheckpointError, match="different recipe"):
-        run.resume(TINY.replace(steps=99), fresh, fresh_optimizer, fresh_scheduler, cpu)
+    with pytest.raises(CheckpointError, match=r"written with other settings \(dropout, seed\)"):
+        run.resume(TINY.replace(seed=5, dropout=0.2), fresh, fresh_optimizer, fresh_scheduler, cpu)
+    with pytest.raises(ValueError, match="at update 16 already, past steps=10"):
+        run.resume(TINY.replace(steps=10), fresh, fresh_optimizer, fresh_scheduler, cpu)
     with pytest.raises(CheckpointError, match=r"written by 1 process\(es\); resume with as many \(now 2\)"):
         run.resume(TINY, fresh, fresh_optimizer, fresh_scheduler, cpu, rank=0, world_size=2)
 
@@ -421,7 +431,13 @@ def test_resume_restores_the_newest_checkpoint_and_forgets_metrics_logged_after_
 def test_run_directory_contents_and_guards(tmp_path):
     run = tmp_path / "run"
     summary = train(TINY.replace(keep_checkpoints=2), run, device="cpu", progress=False)
-    assert sorted(p.name for p in run.iterdir()) == ["checkpoints", "config.json", "metrics.jsonl", "summary.json"]
+    assert sorted(p.name for p in run.iterdir()) == [
+        ".lock",
+        "checkpoints",
+        "config.json",
+        "metrics.jsonl",
+        "summary.json",
+    ]
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-000016.pt", "step-000024.pt"]
     assert load_checkpoint(run / "checkpoints" / "step-000024.pt")["vocab"]["eos"] == EOS
     assert json.loads((run / "config.json").read_text())["recipe"] == TINY.replace(keep_checkpoints=2).to_dict()
@@ -431,8 +447,8 @@ def test_run_directory_contents_and_guards(tmp_path):
     assert {"recipe", "device", "steps", "wall_time_s", "final", "exact_match"} <= set(summary)
     with pytest.raises(FileExistsError, match="already holds a run"):
         train(TINY, run, device="cpu", progress=False)
-    with pytest.raises(CheckpointError, match="different recipe"):
-        train(TINY.replace(steps=30), run, device="cpu", progress=False, resume=True)
+    with pytest.raises(ValueError, match=r"config.json: the run was trained with other settings \(keep_checkpoints\)"):
+        train(TINY, run, device="cpu", progress=False, resume=True)
     with pytest.raises(ValueError, match="factor must be a positive number"):
         TINY.replace(factor=float("nan"))
     with pytest.raises(ValueError, match="clip_norm must be a positive number"):

@@ -322,6 +322,27 @@ def _torchrun(nproc, *args, env=None, **kwargs):
     )
 
 
+def _children(pid: int) -> list[int]:
+    "The processes whose parent is `pid` (Linux: read from /proc)."
+    found = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            fields = dict(line.split(":\t", 1) for line in status.read_text().splitlines() if ":\t" in line)
+        except OSError:  # the process ended while being read
+            continue
+        if int(fields.get("PPid", "0")) == pid:
+            found.append(int(status.parent.name))
+    return found
+
+
+def _running(pid: int) -> bool:
+    "Whether `pid` is a process that has not yet ended (a zombie has ended: it holds no files)."
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 COPY = ["train", "copy", "--device", "cpu", "--quiet", "dropout=0.0", "max_tokens=390", "eval_every=1000"]
 
 
@@ -375,8 +396,13 @@ def test_a_two_process_run_killed_and_resumed_makes_the_same_updates(tmp_path):
     while not any(int(p.stem[5:]) >= 60 for p in checkpoints.glob("step-*.pt")):
         assert time.time() < deadline and cut.poll() is None, cut.stderr.read()[-2000:] if cut.poll() else "timeout"
         time.sleep(0.02)
-    os.killpg(cut.pid, signal.SIGKILL)  # torchrun and both workers, at once, as a lost machine would
+    workers = _children(cut.pid)  # torchrun starts each worker in a session of its own
+    assert len(workers) == 2
+    for pid in (cut.pid, *workers):  # torchrun and both workers, at once, as a lost machine would
+        os.kill(pid, signal.SIGKILL)
     cut.wait()
+    while any(_running(pid) for pid in workers):  # until they are gone, and their lock with them
+        time.sleep(0.02)
     assert max(int(p.stem[5:]) for p in checkpoints.glob("step-*.pt")) < 110
     single = subprocess.run(
         [sys.executable, "-m", "annotated_transformer", *COPY, *settings, "--out", str(tmp_path / "cut"), "--resume"],

@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 VENDOR := _build/vendor
 
 .DEFAULT_GOAL := help
-.PHONY: help venv requirements export check-export vendor book book-stored lint unit test bench clean
+.PHONY: help venv requirements export check-export vendor book book-stored lint unit test bench dist clean
 
 help:
 	@echo "make test    run every test: lint, package (pytest), notebooks (nbval), export sync, book + browser check"
@@ -20,11 +20,21 @@ help:
 	@echo "make venv    create $(VENV) with the pinned requirements and the package (editable)"
 	@echo "make requirements  regenerate requirements.txt from pyproject.toml (uv pip compile, keeping the pins it can)"
 	@echo "make bench   measure training and translation speed on this machine into results/bench-<device>.json"
+	@echo "make dist    build the wheel and the source distribution into dist/"
 
 venv: $(STAMP)
 
+# PyPI's torch for Linux is the CUDA build, which brings 5 GB of NVIDIA libraries: on Linux, torch (the version
+# requirements.txt pins, without its dependencies, which requirements.txt pins too) comes first from PyTorch's index
+# TORCH_INDEX, the CPU build unless told otherwise (for a GPU: TORCH_INDEX=https://download.pytorch.org/whl/cu130).
+# pip then keeps it, since its version is the pinned one. An installed torch of that version is kept as it is.
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	if [ "$$(uname -s)" = Linux ]; then \
+	  $(PY) -m pip install --quiet --disable-pip-version-check --no-deps --index-url $(TORCH_INDEX) \
+	    "$$(grep -m1 '^torch==' requirements.txt)" || \
+	  echo "PyTorch's index $(TORCH_INDEX) could not be used: torch comes from pip's own index"; fi
 	$(PY) -m pip install --quiet --disable-pip-version-check -r requirements.txt
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $@
@@ -49,7 +59,7 @@ requirements: $(STAMP)
 	  echo "A CUDA package above reached requirements.txt: add it to TORCH_CUDA in the Makefile."; exit 1; fi
 	{ echo "# Generated from pyproject.toml (all extras) by \`make requirements\` (uv pip compile): do not edit by hand."; \
 	  echo "# make venv installs exactly this, then the package itself, editable. torch's CUDA libraries are left out:"; \
-	  echo "# pip installs the CPU build; for a GPU, install PyTorch's CUDA build of the same version."; \
+	  echo "# make venv first installs torch's CPU build from PyTorch's index (TORCH_INDEX picks another build)."; \
 	  cat _build/requirements.txt; } > _build/requirements.new
 	cmp -s _build/requirements.new requirements.txt || mv _build/requirements.new requirements.txt
 
@@ -109,5 +119,9 @@ test: lint check-export book-stored
 bench: $(STAMP)
 	$(BIN)/annotated-transformer bench --out results
 
+# The wheel and the sdist, built with the installed setuptools (no download); tests/test_packaging.py checks both.
+dist: $(STAMP)
+	$(PY) -m build --no-isolation --outdir dist .
+
 clean:
-	rm -rf _build .pytest_cache
+	rm -rf _build .pytest_cache dist build annotated_transformer.egg-info

@@ -7,19 +7,25 @@ __all__ = ['UsageError', 'parse_override', 'build_parser', 'main']
 
 # %% ../book/a4_command_line.ipynb #f7112498
 import argparse
+import dataclasses
 import json
 import math
 import os
+import shutil
 import signal
 import sys
+import textwrap
 import threading
+import traceback
 import warnings
 from pathlib import Path
 
 import torch
 
+from . import __version__
 from .distributed import process_group
-from .runs import RECIPES, Recipe, read_json, record_result
+from .model import TransformerConfig
+from .runs import RECIPE_DESCRIPTIONS, RECIPES, Recipe, default_device, read_json, record_result
 
 # %% ../book/a4_command_line.ipynb #e899107d
 class UsageError(Exception):
@@ -80,28 +86,130 @@ def _device(name: str | None):
     except RuntimeError:
         raise UsageError(f"--device {name!r} is not a device name (cpu, cuda, cuda:N, mps)") from None
 
+
+def _help_section(title: str, entries) -> str:
+    """A section of help text: `title`, then each (name, paragraphs) entry with its name in a column and each of its
+    paragraphs wrapped to the terminal's width, as argparse wraps the rest of the help."""
+    width = max(shutil.get_terminal_size().columns - 2, 60)
+    lines = [f"{title}:"]
+    for name, paragraphs in entries:
+        body = [line for text in paragraphs if text
+                for line in textwrap.wrap(text, width - 21, break_on_hyphens=False)]
+        lines += [f"  {name if i == 0 else '':<18} {line}" for i, line in enumerate(body)]
+    return "\n".join(lines)
+
+
+# The environment variables that the commands read (AT_DATA_DIR and AT_MIRROR: `data_dir` and `fetch` of the data page).
+_ENVIRONMENT = [
+    ("AT_DATA_DIR", ["where data sets are downloaded and prepared, and where the chapters cache their trained runs "
+                     "(default: ~/.cache/annotated_transformer)"]),
+    ("AT_MIRROR", ["a folder or URL base that replaces the data sets' download locations, laid out as "
+                   "<mirror>/<dataset>/<file>"]),
+    ("AT_DEBUG=1", ["as --debug: a failure also prints its traceback"]),
+    ("OMP_NUM_THREADS", ["the CPU threads PyTorch computes with when --threads is not given"]),
+]
+
 # %% ../book/a4_command_line.ipynb #603b8fae
+def _settings_help() -> str:
+    """The epilog of `train --help`, generated from `RECIPES`, `RECIPE_DESCRIPTIONS` and the fields of `Recipe` and
+    `TransformerConfig`, so that it cannot drift from them: each recipe with what it is and the settings in which it
+    differs from the defaults, then every setting with its default."""
+
+    def word(value):  # a value as KEY=VALUE writes it
+        return value if isinstance(value, str) else json.dumps(value)
+
+    def defaults(cls):
+        return {f.name: f.default for f in dataclasses.fields(cls) if f.default is not dataclasses.MISSING}
+
+    own = {f.name for f in dataclasses.fields(Recipe)} - {"name", "task", "model"}
+    shared = {**defaults(Recipe), **defaults(TransformerConfig)}
+    recipes = []
+    for name, recipe in RECIPES.items():
+        values = recipe.to_dict()
+        values = {**values.pop("model"), **{k: v for k, v in values.items() if k in own}}
+        changed = " ".join(f"{k}={word(v)}" for k, v in values.items() if k not in shared or shared[k] != v)
+        recipes.append((name, [RECIPE_DESCRIPTIONS.get(name, ""), changed]))  # a recipe added later may have none
+    per_recipe = [f.name for f in dataclasses.fields(Recipe) if f.name in own and f.name not in shared]
+    settings = [
+        ("recipe", [f"{' '.join(per_recipe)} (each recipe's own) " +
+                    " ".join(f"{k}={word(v)}" for k, v in defaults(Recipe).items() if k in own)]),
+        ("model", [" ".join(f"{k}={word(v)}" for k, v in defaults(TransformerConfig).items())]),
+        ("their meaning", ["help(annotated_transformer.Recipe) and help(annotated_transformer.TransformerConfig). "
+                           "There is no lr: the learning rate follows equation (3), scaled by factor and peaking "
+                           "after warmup updates."]),
+    ]
+    return "\n\n".join([
+        _help_section("recipes (what each is, how long it trains, its settings that differ from the defaults)",
+                      recipes),
+        _help_section("settings (KEY=VALUE) and their defaults", settings),
+        _help_section("environment", _ENVIRONMENT),
+        "In several processes: torchrun --nproc-per-node=N -m annotated_transformer train RECIPE ...\n"
+        "(one process per GPU; gloo on CPUs)",
+    ])
+
+
 def _add_train(commands) -> None:
     "The `train` command's arguments."
     train_cmd = commands.add_parser(
         "train",
         help="train a recipe",
-        usage="annotated-transformer train RECIPE [options] [KEY=VALUE ...]",
-        description="Train a recipe into a run directory. KEY=VALUE words change a recipe or model setting, "
-        "e.g. steps=200 d_model=128 clip_norm=null.",
+        usage="annotated-transformer train RECIPE [options] [KEY=VALUE ...]\n"
+        "       annotated-transformer train --config FILE | --from RUN_DIR [options] [KEY=VALUE ...]",
+        description=textwrap.fill(
+            "Train a recipe into a run directory. KEY=VALUE words change a recipe or model setting, e.g. steps=200 "
+            "d_model=128 clip_norm=null. --config or --from starts a new run with the settings of another.",
+            max(shutil.get_terminal_size().columns - 2, 60),
+            break_on_hyphens=False,
+        ),
+        epilog=_settings_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,  # the epilog's columns, as _help_section lays them out
     )
-    train_cmd.add_argument("recipe", help=f"the recipe: {', '.join(RECIPES)}")
-    train_cmd.add_argument("--out", type=Path, help="run directory (default: runs/RECIPE)")
+    train_cmd.add_argument("recipe", nargs="?", help="a recipe's name (listed below); none with --config or --from")
+    source = train_cmd.add_mutually_exclusive_group()
+    source.add_argument("--config", type=Path, metavar="FILE",
+                        help="start a new run with the recipe stored in FILE, a run's config.json")
+    source.add_argument("--from", dest="run_from", type=Path, metavar="RUN_DIR",
+                        help="start a new run with the recipe of the run in RUN_DIR (its config.json)")
+    train_cmd.add_argument("--out", type=Path, help="run directory (default: runs/NAME, NAME being the recipe's)")
     train_cmd.add_argument("--resume", action="store_true",
                            help="continue the run in --out from its newest checkpoint, with the settings in its "
                            "config.json (KEY=VALUE may only raise steps)")
     train_cmd.add_argument("--device", help="cpu, cuda, cuda:N or mps (default: the best available)")
-    train_cmd.add_argument("--quiet", action="store_true", help="no progress bar")
+    train_cmd.add_argument("--quiet", action="store_true", help="no progress output (bar or lines)")
     train_cmd.add_argument("--compile", action="store_true", help="compile the model with torch.compile (for GPUs)")
-    train_cmd.epilog = (
-        "In several processes: torchrun --nproc-per-node=N -m annotated_transformer train RECIPE ... "
-        "(one process per GPU; gloo on CPUs)"
-    )
+    train_cmd.add_argument("--tensorboard", action="store_true",
+                           help="also log for TensorBoard (pip install 'annotated-transformer[tensorboard]')")
+
+
+def _base_recipe(args) -> tuple[Recipe, Path | None]:
+    """The recipe that `train` starts from: the one named, or the one in the file of --config or --from (a run's
+    config.json, or a file holding only a recipe, as `Recipe.to_dict` writes it); and that file's folder (None for a
+    named recipe)."""
+    if not (args.config or args.run_from):
+        if args.recipe is None:
+            raise UsageError(f"the following arguments are required: recipe (one of {', '.join(RECIPES)}), or "
+                             "--config FILE or --from RUN_DIR")
+        if args.recipe not in RECIPES:
+            raise UsageError(f"unknown recipe {args.recipe!r}; the recipes are: {', '.join(RECIPES)}")
+        return RECIPES[args.recipe], None
+    option = f"--config {str(args.config)!r}" if args.config else f"--from {str(args.run_from)!r}"
+    if args.recipe is not None:
+        raise UsageError(f"give a recipe's name or {option.split()[0]}, not both: {option} holds the recipe to "
+                         "start from")
+    if args.resume:
+        raise UsageError(f"{option.split()[0]} starts a new run with another run's settings and --resume continues the "
+                         "run in --out with its own; give one of the two")
+    path = args.config or args.run_from / "config.json"
+    if not path.is_file():
+        raise UsageError(f"{option}: {path} is not a file; --config takes a run's config.json, --from its folder")
+    try:
+        stored = read_json(path)
+        stored = stored.get("recipe", stored) if isinstance(stored, dict) else None
+        if not isinstance(stored, dict):
+            raise ValueError(f"{path} holds no recipe")
+        return Recipe.from_dict(stored), path.parent
+    except ValueError as err:
+        raise UsageError(f"{option}: {err}") from None
 
 
 def _resumed_recipe(out: Path, name: str, settings: dict) -> Recipe:
@@ -129,22 +237,28 @@ def _train(args, settings: dict) -> dict:
     "Run `train`: the recipe with its KEY=VALUE settings, trained into its run directory; returns the summary."
     from annotated_transformer.training import train
 
-    if args.recipe not in RECIPES:
-        raise UsageError(f"unknown recipe {args.recipe!r}; the recipes are: {', '.join(RECIPES)}")
-    out = args.out or Path("runs") / args.recipe
+    base, source = _base_recipe(args)
+    out = args.out or Path("runs") / base.name
+    if source is not None and out.resolve() == source.resolve():
+        raise UsageError(f"--out {str(out)!r} is the folder the settings come from; give the new run another --out")
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {str(out)!r} is a file; give a folder for the run")
     try:
-        recipe = RECIPES[args.recipe].replace(**settings)
+        recipe = base.replace(**settings)
     except ValueError as err:
         raise UsageError(str(err)) from None
     if args.resume:
-        recipe = _resumed_recipe(out, args.recipe, settings)
+        recipe = _resumed_recipe(out, base.name, settings)
+    if recipe.steps < recipe.warmup:
+        warnings.warn(f"steps={recipe.steps} is below warmup={recipe.warmup}: the learning rate rises for the whole "
+                      "run and never reaches its peak (equation (3)); lower warmup or raise steps")
+    args.recipe, args.out = base.name, out  # what `main` names when it says how to continue an interrupted run
+    device = _device(args.device)  # a wrong name is refused before the folder is made
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise UsageError(f"--out {str(out)!r}: cannot create the folder ({err.strerror})") from None
-    with process_group(_device(args.device)) as device:  # under torchrun: one of several processes
+    with process_group(device) as device:  # under torchrun: one of several processes
         return train(
             recipe,
             out,
@@ -152,6 +266,7 @@ def _train(args, settings: dict) -> dict:
             resume=args.resume,
             progress=not args.quiet,
             compile=args.compile,
+            tensorboard=args.tensorboard,
         )
 
 # %% ../book/a4_command_line.ipynb #ec8da12a
@@ -241,18 +356,24 @@ def _decoding_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _resolve_checkpoints(paths: list[Path], average: int | None) -> tuple[list[Path], Path | None]:
-    "The checkpoint files to load, and the run directory they belong to (None when they are loose files)."
+    """The checkpoint files to load, and the run directory they belong to (None when they are loose files). A run
+    holding fewer checkpoints than asked for gives those it holds, with a warning."""
     from annotated_transformer.translation import checkpoints_to_average
 
     if len(paths) == 1 and paths[0].is_dir():
-        run_dir = paths[0]
+        run_dir, asked = paths[0], f"--average {average}"
         if average is None:
             average = (
                 json.loads((run_dir / "config.json").read_text())["recipe"].get("average_checkpoints", 1)
                 if (run_dir / "config.json").exists()
                 else 1
             )
-        return checkpoints_to_average(run_dir, average), run_dir
+            asked = f"the run's average_checkpoints={average}"
+        found = checkpoints_to_average(run_dir, average)
+        if len(found) < average:
+            warnings.warn(f"{asked} asks for {average} checkpoints, but {run_dir} holds {len(found)}: "
+                          f"averaging those {len(found)}")
+        return found, run_dir
     if average is not None:
         raise UsageError("--average needs a run directory as --checkpoint")
     for path in paths:
@@ -421,14 +542,38 @@ def _bench(args) -> dict:
     return result
 
 # %% ../book/a4_command_line.ipynb #3b09303c
+class _Version(argparse.Action):
+    "`--version`: the package's version, PyTorch's, and what PyTorch computes on here; then the program ends."
+
+    def __init__(self, option_strings, dest, help=None):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"annotated-transformer {__version__}\nPyTorch {torch.__version__}, default device "
+              f"{default_device()}, {torch.get_num_threads()} CPU threads")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     "The `annotated-transformer` argument parser."
     parser = _Parser(
-        prog="annotated-transformer", description="Train and use the Transformer of 'Attention Is All You Need'."
+        prog="annotated-transformer",
+        description="Train and use the Transformer of 'Attention Is All You Need'.",
+        epilog=_help_section("environment", _ENVIRONMENT),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action=_Version, help="print the versions of the package and of PyTorch, and exit")
+    debug = "on a failure, also print its traceback (for a bug report)"
+    parser.add_argument("--debug", action="store_true", help=debug)
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for add_command in (_add_train, _add_prepare, _add_translate, _add_evaluate, _add_bench):
         add_command(commands)
+    for name, command in commands.choices.items():  # the options several commands share, after their own
+        if name != "prepare":  # the commands that compute with PyTorch
+            command.add_argument("--threads", type=_positive, metavar="N", help="CPU threads for PyTorch (default: "
+                                 "PyTorch's own choice, which follows OMP_NUM_THREADS)")
+        # SUPPRESS: not given after the command, it leaves the value given before it
+        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=debug)
     return parser
 
 # %% ../book/a4_command_line.ipynb #88975b3f
@@ -448,19 +593,30 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
 def main(argv=None) -> int:
     """The command line: `annotated-transformer train | prepare | translate | evaluate | bench ...` (see `--help`).
 
-    Every failure prints one line on stderr, without a traceback: exit code 2 for mistakes in the arguments
-    or settings, 1 for anything that goes wrong while running, 130 after Ctrl-C and 143 after SIGTERM.
+    Every failure prints one line on stderr, without a traceback (`--debug` or `AT_DEBUG=1` prints the traceback
+    before it): exit code 2 for mistakes in the arguments or settings, 1 for anything that goes wrong while running,
+    130 after Ctrl-C and 143 after SIGTERM. `--help` and `--version` return 0.
     """
     args = None
+    debug = os.environ.get("AT_DEBUG", "") not in ("", "0")
+    threads = torch.get_num_threads()  # --threads changes the whole process: restored at the end
     in_main_thread = threading.current_thread() is threading.main_thread()  # only it may handle signals
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main_thread else None
     try:
         with warnings.catch_warnings():
             warnings.showwarning = _one_line_warning
-            args, rest = build_parser().parse_known_args(argv)
+            try:
+                args, rest = build_parser().parse_known_args(argv)
+            except SystemExit as done:  # --help or --version: printed, and nothing to run
+                return done.code or 0
+            debug = debug or args.debug
+            if args.command == "train" and args.recipe and "=" in args.recipe:  # a setting where RECIPE may stand
+                rest, args.recipe = [args.recipe, *rest], None
             if args.command != "train" and rest:
                 raise UsageError(f"unrecognized arguments: {' '.join(rest)}")
             settings = dict(parse_override(word) for word in rest)  # KEY=VALUE words, before or after the options
+            if getattr(args, "threads", None):
+                torch.set_num_threads(args.threads)
             if args.command == "train":
                 summary = _train(args, settings)
                 if os.environ.get("RANK", "0") == "0":  # under torchrun, the first process speaks for all
@@ -477,17 +633,23 @@ def main(argv=None) -> int:
         print(f"annotated-transformer: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt as err:
+        if debug:  # where the program was when it was stopped
+            traceback.print_exc()
         how = "stopped by SIGTERM" if isinstance(err, _Terminated) else "interrupted"
         resume = ""
-        if args and args.command == "train":
+        if args and args.command == "train" and args.recipe:
             out = args.out or Path("runs") / args.recipe
             resume = f"; continue with: annotated-transformer train {args.recipe} --out {out} --resume"
         print(f"annotated-transformer: {how}{resume}", file=sys.stderr)
         return 143 if isinstance(err, _Terminated) else 130
     except Exception as err:  # noqa: BLE001 - the command line reports, the library raises
+        if debug:
+            traceback.print_exc()
         print(f"annotated-transformer: error: {err}", file=sys.stderr)
         return 1
     finally:
         if in_main_thread:
             signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+        if torch.get_num_threads() != threads:
+            torch.set_num_threads(threads)
     return 0

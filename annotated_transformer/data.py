@@ -5,10 +5,12 @@ cached, and usable without a network through a local mirror."""
 
 # %% auto #0
 __all__ = ['MULTI30K_URL', 'MULTI30K_SPLITS', 'MULTI30K_SHA256', 'MULTI30K_TERMS', 'DataError', 'data_dir', 'file_sha256',
-           'show_terms', 'fetch', 'iter_lines', 'read_lines', 'read_parallel', 'load_multi30k']
+           'show_terms', 'fetch', 'iter_lines', 'read_lines', 'read_parallel', 'progress_shown', 'with_progress',
+           'load_multi30k']
 
 # %% ../book/a1_data.ipynb #21b5f483
 import contextlib
+import contextvars
 import gzip
 import hashlib
 import http.client
@@ -178,6 +180,27 @@ def read_parallel(src_path, tgt_path) -> list[tuple[str, str]]:
         raise DataError(f"{src_path} has {len(src)} lines but {tgt_path} has {len(tgt)}: the two sides of a "
                         "parallel corpus must match line by line")
     return list(zip(src, tgt))
+
+# %% ../book/a1_data.ipynb #9d29ba42
+_showing_progress = contextvars.ContextVar("showing_progress", default=True)
+
+
+@contextlib.contextmanager
+def progress_shown(show: bool):
+    """Within the block, `with_progress` shows its bars only if `show` is true (a training run with `progress=False`
+    reads its data inside `progress_shown(False)`); the previous setting returns when the block ends."""
+    token = _showing_progress.set(show)
+    try:
+        yield
+    finally:
+        _showing_progress.reset(token)
+
+
+def with_progress(items, desc: str, unit: str = "it"):
+    """`items`, unchanged, with a progress bar on stderr while they are gone through (a corpus being tokenized, say):
+    on a terminal only, never in a file that output is redirected to, and not within `progress_shown(False)`. The bar
+    counts up to `len(items)` where it exists, and disappears when done."""
+    return tqdm(items, desc=desc, unit=unit, leave=False, disable=None if _showing_progress.get() else True)
 
 # %% ../book/a1_data.ipynb #9ec1498e
 MULTI30K_URL = "https://github.com/multi30k/dataset/raw/master/data/task1/raw"

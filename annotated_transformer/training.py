@@ -21,7 +21,6 @@ from pathlib import Path
 import torch
 from filelock import FileLock
 from torch import Tensor, nn
-from tqdm import tqdm
 
 from .attention import subsequent_mask
 from .data import data_dir
@@ -29,8 +28,8 @@ from .distributed import (accumulation_steps, check_same_data, gather_rng_states
                                                process_share, rank_and_world_size, seed_dropout, share_gradients,
                                                split_for_processes, sum_over_processes)
 from .model import EncoderDecoder, make_model
-from .runs import (Recipe, RunDir, Task, TrainingState, check_device, list_checkpoints,
-                                        load_task, read_json, rng_state)
+from .runs import (ProgressReport, Recipe, RunDir, Task, TrainingState, check_device,
+                                        list_checkpoints, load_task, read_json, rng_state)
 
 PAD, BOS, EOS = 0, 1, 2
 
@@ -288,17 +287,21 @@ def copy_data(recipe: Recipe) -> Task:
 
 # %% ../book/06_training.ipynb #39ce81e8
 def train(recipe: Recipe, run_dir, *, device=None, resume: bool = False, progress: bool = True,
-          stop_after: int | None = None, compile: bool = False) -> dict:
+          stop_after: int | None = None, compile: bool = False, tensorboard: bool = False) -> dict:
     """Train `recipe` into `run_dir` (see `RunDir`) on `device` (default: the best available; bf16 autocast on CUDA
     where supported); returns the summary, also in summary.json. `resume=True` continues exactly from the newest
     checkpoint (a finished run stays as it is unless `recipe.steps` asks for more); `stop_after` ends the run after
-    that many updates, as an interruption would; `compile=True` compiles the model. Under `torchrun` the processes
-    train one model together, each with its share of every update's batches; process 0 alone evaluates and writes."""
+    that many updates, as an interruption would; `compile=True` compiles the model; `tensorboard=True` also writes the
+    metrics as TensorBoard event files. `progress` shows a bar on a terminal, and a line per evaluation elsewhere. Under
+    `torchrun` the processes train one model together, each with its share of every update's batches; process 0 alone
+    evaluates and writes."""
     device, (rank, world) = check_device(device), rank_and_world_size()
-    with RunDir(run_dir, writer=rank == 0) as run:  # one training at a time in a run directory
+    with (RunDir(run_dir, writer=rank == 0, tensorboard=tensorboard) as run,  # one training at a time in run_dir
+          ProgressReport(recipe, show=progress and rank == 0) as report):
         if resume and (summary := run.finished(recipe)):
             return summary
-        task = load_task(recipe)
+        with report.loading():  # a first use of the data may download it, or tokenize it
+            task = load_task(recipe)
         torch.manual_seed(recipe.seed)
         model = make_model(task.src_vocab, task.tgt_vocab, recipe.model).to(device)
         seed_dropout(recipe.seed)  # the same initial weights in every process, but each its own dropout
@@ -316,8 +319,6 @@ def train(recipe: Recipe, run_dir, *, device=None, resume: bool = False, progres
         end = recipe.steps if stop_after is None else min(recipe.steps, stop_after)
         started, saved_at = time.perf_counter() - state.elapsed_s, time.perf_counter()
         window_start = saved_at
-        bar = tqdm(total=recipe.steps, initial=state.step, disable=not progress or rank > 0, desc=recipe.name,
-                   unit="update")
         order, last = None, state.last  # the newest evaluation, also of a resumed run
         while state.step < end:
             if order is None or state.position == 0:  # each epoch its own shuffle, from the seed and the epoch
@@ -339,15 +340,14 @@ def train(recipe: Recipe, run_dir, *, device=None, resume: bool = False, progres
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             state.advance(len(update), len(order), loss, ntokens)
-            bar.update()
-            bar.set_postfix(loss=f"{loss / ntokens:.3f}", lr=f"{lr:.2e}",
-                            tokens_per_s=f"{state.window_tokens / max(time.perf_counter() - window_start, 1e-9):.0f}")
+            report.update(state.step, loss / ntokens, lr, state.window_tokens / (time.perf_counter() - window_start))
             if rank == 0 and (state.step % recipe.eval_every == 0 or state.step == recipe.steps):
                 now, valid = time.perf_counter(), validation_loss(model, task.valid, recipe.max_tokens, device)
                 last = {"step": state.step, "epoch": state.epoch, "train_loss": state.window_loss / state.window_tokens,
                         "valid_loss": valid, "valid_ppl": math.exp(valid) if valid < 700 else None, "lr": lr,
                         "tokens_per_s": state.window_tokens / (now - window_start), "elapsed_s": now - started}
                 run.log(last)
+                report.evaluation(last)
                 state.window_loss, state.window_tokens, window_start = 0.0, 0, time.perf_counter()
             if state.step % recipe.checkpoint_every == 0 or state.step == end or due:
                 state.elapsed_s = time.perf_counter() - started
@@ -359,7 +359,6 @@ def train(recipe: Recipe, run_dir, *, device=None, resume: bool = False, progres
                           "window": (state.window_loss, state.window_tokens), "rng": rng, **processes},
                          state.step, recipe.keep_checkpoints)
                 saved_at = time.perf_counter()
-        bar.close()
         summary = {"recipe": recipe.name, "device": str(device), "steps": state.step,
                    "finished": state.step >= recipe.steps, "wall_time_s": time.perf_counter() - started,
                    **({"final": last} if last else {})}
@@ -371,7 +370,11 @@ def train(recipe: Recipe, run_dir, *, device=None, resume: bool = False, progres
 def plot_metrics(run_dir, ax=None):
     """Plot a run's training and validation loss against the update step, from its metrics.jsonl (Matplotlib,
     which this function imports on demand). Returns the Axes."""
-    import matplotlib.pyplot as plt
+    try:
+        import matplotlib.pyplot as plt
+    except ModuleNotFoundError as err:  # Matplotlib comes with the book's extra, not with the package
+        raise ModuleNotFoundError(f"plot_metrics draws with Matplotlib ({err}): pip install "
+                                  "'annotated-transformer[book]', or pip install matplotlib", name=err.name) from None
 
     rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if line]
     if ax is None:

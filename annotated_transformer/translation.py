@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .attention import subsequent_mask
-from .data import load_multi30k
+from .data import load_multi30k, with_progress
 from .model import EncoderDecoder
 from .multi_head import MultiHeadedAttention
 from .runs import (TRANSLATORS, CheckpointError, Recipe, check_device, list_checkpoints,
@@ -97,8 +97,9 @@ class Vocab:
 def _tokenized_multi30k(split: str, direction: str) -> tuple[list[list[str]], list[list[str]]]:
     "The source and target tokens of a Multi30k split, computed once per process (the files are fixed by checksum)."
     src_lang, tgt_lang = direction.split("-")
-    pairs = load_multi30k(split, direction)
-    return WordTokenizer(src_lang)(s for s, _ in pairs), WordTokenizer(tgt_lang)(t for _, t in pairs)
+    src, tgt = zip(*load_multi30k(split, direction))  # a progress bar for each side, on a terminal
+    return (WordTokenizer(src_lang)(with_progress(src, f"tokenizing Multi30k {split}.{src_lang}", "sentence")),
+            WordTokenizer(tgt_lang)(with_progress(tgt, f"tokenizing Multi30k {split}.{tgt_lang}", "sentence")))
 
 
 def multi30k_data(recipe: Recipe) -> Task:

@@ -1,0 +1,271 @@
+"""The command line's habits that PyTorch users expect: --version, a help that lists the recipes, their settings and
+the environment, --debug, warnings instead of silent surprises, --threads, --tensorboard, and --config / --from."""
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import annotated_transformer
+from annotated_transformer import training
+from annotated_transformer.cli import main
+from annotated_transformer.model import TransformerConfig
+from annotated_transformer.runs import RECIPE_DESCRIPTIONS, RECIPES, Recipe
+from annotated_transformer.training import plot_metrics
+from annotated_transformer.training import train as real_train
+from annotated_transformer.translation import Translator
+
+TINY = ["N=1", "d_model=32", "d_ff=64", "steps=24", "warmup=10", "eval_every=8", "checkpoint_every=8"]
+TINY_RECIPE = RECIPES["copy"].replace(
+    N=1, d_model=32, d_ff=64, steps=24, warmup=10, eval_every=8, checkpoint_every=8, seed=3
+)
+
+
+@pytest.fixture
+def trained(monkeypatch):
+    "`training.train` replaced by a stand-in that records how the command called it, and trains nothing."
+    calls = []
+
+    def stand_in(recipe, run_dir, **options):
+        calls.append({"recipe": recipe, "run_dir": Path(run_dir), "threads": torch.get_num_threads(), **options})
+        return {"finished": True, "steps": recipe.steps}
+
+    monkeypatch.setattr(training, "train", stand_in)
+    monkeypatch.delenv("AT_DEBUG", raising=False)
+    return calls
+
+
+@pytest.fixture
+def stored_run(tmp_path):
+    "A run directory as `train` leaves it, as far as --from reads it: its config.json."
+    run = tmp_path / "stored"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"recipe": TINY_RECIPE.to_dict(), "device": "cpu"}))
+    return run
+
+
+def test_version_names_the_package_pytorch_and_the_device(capsys):
+    assert main(["--version"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"annotated-transformer {annotated_transformer.__version__}" and len(lines) == 2
+    assert lines[1].startswith(f"PyTorch {torch.__version__}, default device ")
+
+
+def test_every_recipe_has_a_description_with_its_time():
+    assert set(RECIPE_DESCRIPTIONS) == set(RECIPES)
+    assert all("CPU" in text or "GPU" in text for text in RECIPE_DESCRIPTIONS.values())
+
+
+def test_train_help_lists_the_recipes_their_settings_and_the_environment(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "100")
+    monkeypatch.setitem(RECIPES, "copy", RECIPES["copy"].replace(steps=1234))  # the help is made from the table
+    assert main(["train", "--help"]) == 0
+    help_text = capsys.readouterr().out
+    flat = " ".join(help_text.split())  # as wrapped, words are separated by line breaks too
+    for name, description in RECIPE_DESCRIPTIONS.items():
+        assert f"{name} {description}" in flat
+    assert "under a minute on a 2-core CPU" in flat and "about 26 minutes on 2 CPU cores" in flat
+    assert "steps=1234" in flat and "steps=1200" not in flat
+    assert "d_model=64" in flat and "direction=de-en" in flat  # the recipes' own values
+    for field in dataclasses.fields(Recipe):
+        if field.name not in ("name", "task", "model"):
+            assert field.name in flat
+    for field in dataclasses.fields(TransformerConfig):  # the model's settings with their defaults, as KEY=VALUE
+        default = field.default if isinstance(field.default, str) else json.dumps(field.default)
+        assert f"{field.name}={default}" in flat
+    assert "factor=1.0" in flat and "clip_norm=null" in flat and "equation (3)" in flat
+    for name in ("AT_DATA_DIR", "~/.cache/annotated_transformer", "AT_MIRROR", "AT_DEBUG=1", "OMP_NUM_THREADS"):
+        assert name in flat
+    for option in ("--config FILE", "--from RUN_DIR", "--threads N", "--tensorboard", "--debug"):
+        assert option in help_text
+    assert max(len(line) for line in help_text.splitlines()) <= 100
+
+
+def test_the_programs_help_names_version_debug_and_the_environment(capsys):
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "--version" in out and "--debug" in out and "AT_MIRROR" in out and "AT_DATA_DIR" in out
+
+
+@pytest.mark.parametrize("word", ["lr=0.001", "learning_rate=1e-3"])
+def test_a_learning_rate_is_refused_with_a_hint_at_the_schedule(word, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "copy", word]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("annotated-transformer: error: unknown setting(s)")
+    assert "equation (3)" in err and "factor" in err and "warmup" in err
+    assert main(["train", "copy", "bogus=1"]) == 2
+    assert "equation (3)" not in capsys.readouterr().err  # the hint is for the learning rate only
+
+
+@pytest.mark.parametrize("how", ["before the command", "after it", "AT_DEBUG=1"])
+def test_debug_prints_the_traceback_before_the_one_line(how, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("AT_DEBUG", raising=False)
+    argv = ["train", "copy", "--resume", "--out", str(tmp_path / "none")]  # nothing to resume: fails while running
+    assert main(argv) == 1
+    plain = capsys.readouterr().err
+    assert plain.count("\n") == 1 and "nothing to resume" in plain and "Traceback" not in plain
+    if how == "AT_DEBUG=1":
+        monkeypatch.setenv("AT_DEBUG", "1")
+    debug_argv = {"before the command": ["--debug", *argv], "after it": [*argv, "--debug"], "AT_DEBUG=1": argv}[how]
+    assert main(debug_argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("Traceback (most recent call last):") and "_resumed_recipe" in err and err.endswith(plain)
+
+
+def test_debug_leaves_usage_errors_and_a_zero_alone(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("AT_DEBUG", "0")
+    assert main(["train", "copy", "--resume", "--out", str(tmp_path / "none")]) == 1
+    assert "Traceback" not in capsys.readouterr().err
+    assert main(["--debug", "train", "kopy"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unknown recipe 'kopy'" in err
+
+
+def test_steps_below_warmup_are_warned_about_in_one_line(trained, tmp_path, capsys):
+    assert main(["train", "copy", "--out", str(tmp_path / "short"), *TINY, "steps=5"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith("annotated-transformer: warning: steps=5 is below warmup=10: the learning rate")
+    assert trained[-1]["recipe"].steps == 5  # a warning: the run goes ahead
+    assert main(["train", "copy", "--out", str(tmp_path / "even"), *TINY, "steps=10"]) == 0
+    assert capsys.readouterr().err == ""
+
+
+def test_averaging_more_checkpoints_than_a_run_holds_is_warned_about(tmp_path, capsys):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"recipe": {"average_checkpoints": 5, "keep_checkpoints": 5}}))
+    for step in (8, 16, 24):
+        (run / "checkpoints" / f"step-{step:06d}.pt").touch()  # empty files: loading them then fails, exit code 1
+    for options, asked in ((["--average", "5"], "--average 5"), ([], "the run's average_checkpoints=5")):
+        assert main(["translate", "--checkpoint", str(run), *options]) == 1
+        warning, error = capsys.readouterr().err.splitlines()
+        assert warning == (
+            f"annotated-transformer: warning: {asked} asks for 5 checkpoints, but {run} holds 3: averaging those 3"
+        )
+        assert error.startswith("annotated-transformer: error: ") and "step-000008.pt" in error
+    assert main(["translate", "--checkpoint", str(run), "--average", "3"]) == 1
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_plot_metrics_without_matplotlib_says_which_extra_to_install(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
+    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)
+    with pytest.raises(ModuleNotFoundError, match=r"pip install 'annotated-transformer\[book\]'"):
+        plot_metrics(tmp_path)
+
+
+def test_threads_set_pytorchs_threads_for_the_command_and_are_restored(trained, tmp_path, capsys):
+    before = torch.get_num_threads()
+    wanted = 1 if before != 1 else 2
+    assert main(["train", "copy", "--out", str(tmp_path / "a"), "--threads", str(wanted), *TINY]) == 0
+    assert trained[-1]["threads"] == wanted and torch.get_num_threads() == before
+    assert main(["train", "copy", "--out", str(tmp_path / "b"), *TINY]) == 0
+    assert trained[-1]["threads"] == before  # not given: PyTorch's own choice
+    assert main(["train", "copy", "--threads", "0"]) == 2
+    assert "argument --threads: expected a positive whole number" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["translate", "evaluate", "bench"])
+def test_the_commands_that_compute_take_threads(command, tmp_path, capsys, monkeypatch):
+    seen = []
+
+    def stand_in(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        raise RuntimeError("stopped here")
+
+    checkpoint = tmp_path / "model.pt"
+    checkpoint.touch()
+    if command == "bench":
+        import annotated_transformer.bench as bench
+
+        monkeypatch.setattr(bench, "run_benchmark", stand_in)
+        argv = ["bench", "--no-translation", "--out", str(tmp_path)]
+    else:
+        monkeypatch.setattr(Translator, "from_checkpoint", stand_in)
+        argv = [command, "--checkpoint", str(checkpoint)]
+    wanted = 1 if torch.get_num_threads() != 1 else 2
+    assert main([*argv, "--threads", str(wanted)]) == 1
+    assert seen == [wanted] and capsys.readouterr().err == "annotated-transformer: error: stopped here\n"
+    assert main(["prepare", "wmt14-en-de", "--threads", "2"]) == 2  # prepare computes nothing with PyTorch
+    assert "unrecognized arguments: --threads 2" in capsys.readouterr().err
+
+
+def test_tensorboard_reaches_train(trained, tmp_path):
+    assert main(["train", "copy", "--out", str(tmp_path / "a"), "--tensorboard", *TINY]) == 0
+    assert trained[-1]["tensorboard"] is True
+    assert main(["train", "copy", "--out", str(tmp_path / "b"), *TINY]) == 0
+    assert trained[-1]["tensorboard"] is False
+
+
+def test_from_and_config_start_a_new_run_with_a_trained_runs_settings(trained, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    first = tmp_path / "first"
+    real_train(TINY_RECIPE, first, device="cpu", progress=False)  # a real run, with the config.json train writes
+    assert main(["train", "--from", str(first), "--quiet"]) == 0
+    assert trained[-1]["recipe"] == TINY_RECIPE and trained[-1]["run_dir"] == Path("runs/copy")
+    assert trained[-1]["resume"] is False
+    second = tmp_path / "second"
+    assert main(["train", "--config", str(first / "config.json"), "--out", str(second), "steps=32", "d_model=64"]) == 0
+    assert trained[-1]["recipe"] == TINY_RECIPE.replace(steps=32, d_model=64) and trained[-1]["run_dir"] == second
+    assert main(["train", "seed=5", "--from", str(first), "--out", str(second)]) == 0  # a setting first, too
+    assert trained[-1]["recipe"] == TINY_RECIPE.replace(seed=5)
+
+
+def test_config_may_be_a_file_holding_only_a_recipe(trained, tmp_path):
+    mine = tmp_path / "mine.json"
+    mine.write_text(json.dumps(TINY_RECIPE.replace(h=2).to_dict()))
+    assert main(["train", "--config", str(mine), "--out", str(tmp_path / "run")]) == 0
+    assert trained[-1]["recipe"] == TINY_RECIPE.replace(h=2)
+
+
+@pytest.mark.parametrize(
+    "words, message",
+    [
+        ([], "the following arguments are required: recipe"),
+        (["copy", "--from", "{run}"], "give a recipe's name or --from, not both"),
+        (["--from", "{run}", "--resume"], "give one of the two"),
+        (["--from", "{run}", "--config", "{run}/config.json"], "argument --config: not allowed with argument --from"),
+        (["--from", "{tmp}/nothing"], "nothing/config.json is not a file"),
+        (["--config", "{tmp}/damaged.json"], "damaged, not valid JSON"),
+        (["--config", "{tmp}/list.json"], "holds no recipe"),
+        (["--config", "{tmp}/other.json"], "not a recipe of this version"),
+        (["--from", "{run}", "--out", "{run}"], "give the new run another --out"),
+        (["--from", "{run}", "d_model=65"], "d_model (65) must be divisible by h (4)"),
+    ],
+)
+def test_from_and_config_mistakes_are_usage_errors(words, message, trained, stored_run, tmp_path, capsys):
+    (tmp_path / "damaged.json").write_text('{"recipe": ')
+    (tmp_path / "list.json").write_text("[1, 2]")
+    (tmp_path / "other.json").write_text(json.dumps({"recipe": {"name": "copy", "colour": "blue"}}))
+    argv = ["train", *(w.format(run=stored_run, tmp=tmp_path) for w in words)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err and not trained
+
+
+def test_an_interrupted_run_started_from_another_is_told_how_to_continue(stored_run, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("AT_DEBUG", raising=False)
+
+    def interrupted(recipe, run_dir, **options):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(training, "train", interrupted)
+    out = tmp_path / "new"
+    assert main(["train", "--from", str(stored_run), "--out", str(out)]) == 130
+    assert capsys.readouterr().err == (
+        f"annotated-transformer: interrupted; continue with: annotated-transformer train copy --out {out} --resume\n"
+    )
+    assert main(["--debug", "train", "--from", str(stored_run), "--out", str(out)]) == 130
+    err = capsys.readouterr().err
+    assert err.startswith("Traceback (most recent call last):") and err.endswith(" --resume\n")
+
+
+def test_a_refused_device_leaves_no_run_directory(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "copy", "--device", "tpu"]) == 2
+    assert "--device 'tpu' is not a device name" in capsys.readouterr().err and not (tmp_path / "runs").exists()

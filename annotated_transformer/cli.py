@@ -11,6 +11,7 @@ import dataclasses
 import json
 import math
 import os
+import shlex
 import shutil
 import signal
 import sys
@@ -25,7 +26,8 @@ import torch
 from . import __version__
 from .distributed import process_group
 from .model import TransformerConfig
-from .runs import RECIPE_DESCRIPTIONS, RECIPES, Recipe, default_device, read_json, record_result
+from .runs import (RECIPE_DESCRIPTIONS, RECIPES, Recipe, default_device, record_result,
+                                        stored_recipe)
 
 # %% ../book/a4_command_line.ipynb #e899107d
 class UsageError(Exception):
@@ -203,11 +205,7 @@ def _base_recipe(args) -> tuple[Recipe, Path | None]:
     if not path.is_file():
         raise UsageError(f"{option}: {path} is not a file; --config takes a run's config.json, --from its folder")
     try:
-        stored = read_json(path)
-        stored = stored.get("recipe", stored) if isinstance(stored, dict) else None
-        if not isinstance(stored, dict):
-            raise ValueError(f"{path} holds no recipe")
-        return Recipe.from_dict(stored), path.parent
+        return Recipe.from_dict(stored_recipe(path)), path.parent
     except ValueError as err:
         raise UsageError(f"{option}: {err}") from None
 
@@ -218,18 +216,18 @@ def _resumed_recipe(out: Path, name: str, settings: dict) -> Recipe:
     config = out / "config.json"
     if not config.is_file():
         raise FileNotFoundError(f"nothing to resume in --out {str(out)!r}: it holds no config.json")
-    stored = read_json(config)["recipe"]
+    stored = stored_recipe(config)
     if stored.get("name") != name:
         raise UsageError(f"--out {str(out)!r} holds a run of the recipe {stored.get('name')!r}, not {name!r}")
-    recipe = Recipe.from_dict(stored)
+    try:
+        recipe = Recipe.from_dict(stored)
+    except ValueError as err:  # a run of another version of the package
+        raise ValueError(f"{config}: {err}") from None
     try:
         asked = recipe.replace(**settings)
+        asked.check_continues(stored, config)
     except ValueError as err:
         raise UsageError(str(err)) from None
-    if changed := [key for key in recipe.differences(asked.to_dict()) if key != "steps"]:
-        run_settings = {**stored, **stored.get("model", {})}
-        given = ", ".join(f"{key}={settings[key]!r} (the run has {run_settings.get(key)!r})" for key in changed)
-        raise UsageError(f"{given}: a resumed run keeps the settings in {config}; leave them out")
     return asked
 
 
@@ -243,12 +241,13 @@ def _train(args, settings: dict) -> dict:
         raise UsageError(f"--out {str(out)!r} is the folder the settings come from; give the new run another --out")
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {str(out)!r} is a file; give a folder for the run")
-    try:
-        recipe = base.replace(**settings)
-    except ValueError as err:
-        raise UsageError(str(err)) from None
-    if args.resume:
+    if args.resume:  # the run's own settings, not those of the recipe as it is today
         recipe = _resumed_recipe(out, base.name, settings)
+    else:
+        try:
+            recipe = base.replace(**settings)
+        except ValueError as err:
+            raise UsageError(str(err)) from None
     if recipe.steps < recipe.warmup:
         warnings.warn(f"steps={recipe.steps} is below warmup={recipe.warmup}: the learning rate rises for the whole "
                       "run and never reaches its peak (equation (3)); lower warmup or raise steps")
@@ -363,11 +362,8 @@ def _resolve_checkpoints(paths: list[Path], average: int | None) -> tuple[list[P
     if len(paths) == 1 and paths[0].is_dir():
         run_dir, asked = paths[0], f"--average {average}"
         if average is None:
-            average = (
-                json.loads((run_dir / "config.json").read_text())["recipe"].get("average_checkpoints", 1)
-                if (run_dir / "config.json").exists()
-                else 1
-            )
+            config = run_dir / "config.json"
+            average = stored_recipe(config).get("average_checkpoints", 1) if config.exists() else 1
             asked = f"the run's average_checkpoints={average}"
         found = checkpoints_to_average(run_dir, average)
         if len(found) < average:
@@ -587,7 +583,7 @@ def _on_sigterm(signum, frame):
 
 def _one_line_warning(message, category, filename, lineno, file=None, line=None):
     "Warnings as the command line's other messages: one line on stderr, without the source line."
-    print(f"annotated-transformer: warning: {message}", file=sys.stderr)
+    print(f"annotated-transformer: warning: {' '.join(str(message).split())}", file=sys.stderr)
 
 
 def main(argv=None) -> int:
@@ -639,7 +635,7 @@ def main(argv=None) -> int:
         resume = ""
         if args and args.command == "train" and args.recipe:
             out = args.out or Path("runs") / args.recipe
-            resume = f"; continue with: annotated-transformer train {args.recipe} --out {out} --resume"
+            resume = f"; continue with: annotated-transformer train {args.recipe} --out {shlex.quote(str(out))} --resume"
         print(f"annotated-transformer: {how}{resume}", file=sys.stderr)
         return 143 if isinstance(err, _Terminated) else 130
     except Exception as err:  # noqa: BLE001 - the command line reports, the library raises

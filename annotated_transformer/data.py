@@ -30,8 +30,8 @@ class DataError(RuntimeError):
 
 def data_dir() -> Path:
     """Where downloaded data sets, and the trained runs of `cached_run`, are kept: `$AT_DATA_DIR`, by default
-    `~/.cache/annotated_transformer`. The folder is made if needed; one that cannot be made or written to is a
-    `DataError` that says to point `AT_DATA_DIR` elsewhere."""
+    `~/.cache/annotated_transformer`. The folder is made if needed; one that cannot be made is a `DataError` that
+    says to point `AT_DATA_DIR` elsewhere (a folder that may only be read, say a shared one, serves what it holds)."""
     chosen = os.environ.get("AT_DATA_DIR")
     path = Path(chosen or Path.home() / ".cache" / "annotated_transformer")
     where = f"AT_DATA_DIR={chosen}" if chosen else f"the data folder {path} (AT_DATA_DIR is not set)"
@@ -40,8 +40,6 @@ def data_dir() -> Path:
     except OSError as err:  # a file in the way, or a parent folder that cannot be written
         problem = "is a file, not a folder" if path.is_file() else f"cannot be made ({err.strerror or err})"
         raise DataError(f"{where}: {problem}; set AT_DATA_DIR to a folder you can write to") from None
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise DataError(f"{where}: the folder cannot be written to; set AT_DATA_DIR to a folder you can write to")
     return path
 
 

@@ -6,9 +6,9 @@ directories, atomic files, checkpoints, and the results files that the book's ta
 # %% auto #0
 __all__ = ['CHECKPOINT_FORMAT', 'RECIPES', 'RECIPE_DESCRIPTIONS', 'TASKS', 'TRANSLATORS', 'atomic_file', 'write_json',
            'read_json', 'CheckpointError', 'weights_digest', 'save_checkpoint', 'load_checkpoint', 'list_checkpoints',
-           'model_from_checkpoint', 'model_from_state', 'Recipe', 'Task', 'registered', 'load_task', 'default_device',
-           'check_device', 'rng_state', 'set_rng_state', 'TrainingState', 'RunDirBusy', 'RunDir', 'ProgressReport',
-           'commit', 'device_name', 'record_result']
+           'model_from_checkpoint', 'model_from_state', 'stored_recipe', 'Recipe', 'Task', 'registered', 'load_task',
+           'default_device', 'check_device', 'rng_state', 'set_rng_state', 'TrainingState', 'RunDirBusy', 'RunDir',
+           'ProgressReport', 'commit', 'device_name', 'record_result']
 
 # %% ../book/a2_runs.ipynb #3e47a30d
 import contextlib
@@ -102,7 +102,7 @@ def save_checkpoint(path, state: dict) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_file(path) as f:
         torch.save({"format": CHECKPOINT_FORMAT, "package_version": __version__, **state,
-                    "weights_digest": weights_digest(state["model"])}, f)
+                    "weights_sha256": weights_digest(state["model"])}, f)
     return path
 
 
@@ -135,7 +135,7 @@ def load_checkpoint(path) -> dict:
     if not isinstance(weights, dict) or not all(isinstance(k, str) and isinstance(t, torch.Tensor)
                                                 for k, t in weights.items()):
         raise CheckpointError(f"{path}: its weights are not a dictionary of named tensors")
-    if "weights_digest" in state and state["weights_digest"] != weights_digest(weights):
+    if "weights_sha256" in state and state["weights_sha256"] != weights_digest(weights):
         raise CheckpointError(f"{path}: the weights do not match their digest: the file is damaged; use an earlier "
                               "checkpoint of the run, or another copy of this one")
     return state
@@ -153,11 +153,17 @@ def model_from_checkpoint(path, device="cpu") -> tuple[EncoderDecoder, dict]:
     return model_from_state(state, path, device), state
 
 
+# The one tensor a model builds that no checkpoint stores: the sinusoid table, max_len x d_model values. Bounded so
+# that a stored configuration cannot make it huge (the base model's: 2.6 million values; this bound: 67 million).
+_MAX_POSITION_TABLE = 2**26
+
+
 def model_from_state(state: dict, path, device="cpu") -> EncoderDecoder:
     """The model whose configuration and weights `state` (a loaded checkpoint, or an average of several) holds.
     The configuration is first built on the "meta" device, which gives tensors their shapes but no memory: a
     configuration whose tensors are not the stored ones (say, one that claims a far larger model) is refused,
-    naming the first tensor that differs, before anything is allocated."""
+    naming the first tensor that differs, before anything is allocated; so is one whose sinusoid table, which no
+    checkpoint stores, would be huge."""
     try:
         config = TransformerConfig(**state["config"])
         with torch.device("meta"):
@@ -170,11 +176,29 @@ def model_from_state(state: dict, path, device="cpu") -> EncoderDecoder:
             shape = [f"of shape {tuple(w[name].shape)}" if name in w else "absent" for w in (stored, needed)]
             raise CheckpointError(f"{path}: the weights do not fit the stored configuration: {name} is {shape[0]} "
                                   f"in the file but {shape[1]} in a model of that configuration")
+    if config.positional == "sinusoidal" and config.max_len * config.d_model > _MAX_POSITION_TABLE:
+        raise CheckpointError(f"{path}: the stored configuration asks for {config.max_len:,} positions, a sinusoid "
+                              f"table of {config.max_len * config.d_model:,} values that no stored weight accounts "
+                              "for; refused")
     model = make_model(state["src_vocab"], state["tgt_vocab"], config)
     model.load_state_dict(stored)
     return model.to(device).eval()
 
 # %% ../book/a2_runs.ipynb #6c8d51e4
+def _flat(recipe: dict) -> dict:
+    "A recipe's settings (as `Recipe.to_dict` gives them) in one dictionary, the model's included."
+    return {**{k: v for k, v in recipe.items() if k != "model"}, **recipe.get("model", {})}
+
+
+def stored_recipe(path) -> dict:
+    "The recipe in a run's config.json (or in a file holding only a recipe), as `to_dict` gave it; ValueError if none."
+    data = read_json(path)
+    recipe = data.get("recipe", data) if isinstance(data, dict) else None
+    if not isinstance(recipe, dict):
+        raise ValueError(f"{path}: holds no recipe")
+    return recipe
+
+
 @dataclass(frozen=True)
 class Recipe:
     """A training run: the model's configuration plus the data, batching and schedule settings.
@@ -275,11 +299,18 @@ class Recipe:
 
     def differences(self, other: dict) -> list[str]:
         "The names of the settings in which this recipe differs from `other`, a recipe as `to_dict` gives it."
-        def flat(recipe):
-            return {**{k: v for k, v in recipe.items() if k != "model"}, **recipe.get("model", {})}
-
-        mine, theirs = flat(self.to_dict()), flat(other)
+        mine, theirs = _flat(self.to_dict()), _flat(other)
         return sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
+
+    def check_continues(self, stored: dict, source) -> None:
+        """Refuse, naming `source` and each setting, to continue with this recipe the run of `stored` (a recipe as
+        `to_dict` gives it, read from `source`) when their settings differ: a resumed run keeps its own, except
+        `steps`, which may grow to train a finished run on."""
+        mine, theirs = _flat(self.to_dict()), _flat(stored)
+        if changed := [k for k in self.differences(stored) if k != "steps"]:
+            given = ", ".join(f"{k}={mine.get(k)!r} (the run has {theirs.get(k)!r})" for k in changed)
+            raise ValueError(f"{source}: a resumed run keeps its settings, and these differ: {given}; only steps "
+                             "may grow")
 
 # %% ../book/a2_runs.ipynb #cac982a5
 # The training recipes, by name (`annotated-transformer train NAME`).
@@ -332,7 +363,7 @@ RECIPES = {
 # than in them: a description is no setting, and config.json and the checkpoints store only settings.
 RECIPE_DESCRIPTIONS = {
     "copy": "the training chapter's copy task, a small model; under a minute on a 2-core CPU",
-    "multi30k-gpu": "the paper's base model on Multi30k, German to English; for a GPU",
+    "multi30k-gpu": "the paper's base model on Multi30k, German to English; for a GPU (on a CPU: multi30k-cpu)",
     "multi30k-cpu": "the results chapter's translator, Multi30k German to English; about 26 minutes on 2 CPU cores",
     "multi30k-tiny": "multi30k-cpu cut down to 2 layers of width 128 and 500 updates, the book's live run; a few "
                      "minutes on 2 CPU cores (it does not translate well)",
@@ -458,10 +489,14 @@ class RunDirBusy(RuntimeError):
 
 
 def _alive(pid: int) -> bool:
-    "Whether the process `pid` still runs on this machine."
+    "Whether the process `pid` still runs on this machine (where that cannot be asked harmlessly: assumed so)."
+    if os.name != "posix":  # on Windows os.kill would end the process
+        return True
+    if pid <= 0:  # not a process: 0 and negative numbers name process groups
+        return False
     try:
         os.kill(pid, 0)  # signal 0: no signal, only the check that the process exists
-    except ProcessLookupError:
+    except (ProcessLookupError, OverflowError):
         return False
     except PermissionError:  # it exists, but belongs to another user
         return True
@@ -498,8 +533,9 @@ class RunDir:
         except Timeout:
             raise RunDirBusy(f"{self.path} is in use: another process is training into it; wait until it ends, "
                              "or choose another directory") from None
-        except OSError:  # a file system that cannot lock (some network ones): go on without the guard
-            pass
+        except OSError as err:  # a file system that cannot lock (some network ones): go on without the guard
+            warnings.warn(f"{self.path}: cannot be locked ({err.strerror or err}); make sure no other process trains "
+                          "into it", RuntimeWarning, stacklevel=2)
         for folder in (self.path, self.path / "checkpoints"):
             for tmp in folder.glob(".*.tmp"):
                 if (match := _TEMPORARY.fullmatch(tmp.name)) and not _alive(int(match[1])):
@@ -521,16 +557,9 @@ class RunDir:
         summary_path = self.path / "summary.json"
         if not summary_path.exists() or not (summary := read_json(summary_path)).get("finished"):
             return None
-        if changed := [name for name in recipe.differences(read_json(self.path / "config.json")["recipe"])
-                       if name != "steps"]:
-            raise ValueError(f"{self.path / 'config.json'}: the run was trained with other settings "
-                             f"({', '.join(changed)}); resume it with its own")
-        if summary["steps"] < recipe.steps:
-            return None
-        if self.writer:
-            print(f"{self.path} has finished its {summary['steps']} updates: nothing to do (to train on, resume with "
-                  "a larger steps=)", file=sys.stderr)
-        return summary
+        config = self.path / "config.json"
+        recipe.check_continues(stored_recipe(config), config)
+        return summary if summary["steps"] >= recipe.steps else None
 
     def start(self, recipe: Recipe, device: torch.device, world_size: int, accum_steps: int, resume: bool) -> None:
         """Refuse a folder that holds another run (unless resuming), then write config.json, with the CPU threads
@@ -548,12 +577,10 @@ class RunDir:
             purge = None if self._resumed_at is None else self._resumed_at + 1
             self._events = self._tensorboard(self.path / "tensorboard", purge_step=purge)
 
-    def _newest_good_checkpoint(self) -> tuple[dict, Path]:
-        "The newest checkpoint that loads; damaged newer ones are set aside as `*.damaged`, with a warning."
-        found = self.checkpoints()
-        if not found:
-            raise FileNotFoundError(f"nothing to resume: no checkpoint in {self.path / 'checkpoints'}")
-        for path in reversed(found):
+    def _newest_good_checkpoint(self) -> tuple[dict | None, Path | None]:
+        """The newest checkpoint that loads, and its path; damaged newer ones are set aside as `*.damaged`, with a
+        warning. (None, None) when there is none."""
+        for path in reversed(self.checkpoints()):
             try:
                 return load_checkpoint(path), path
             except CheckpointError as err:
@@ -561,7 +588,7 @@ class RunDir:
                     path.replace(path.with_name(path.name + ".damaged"))
                 warnings.warn(f"{err}; set aside as {path.name}.damaged, resuming from an older checkpoint",
                               RuntimeWarning, stacklevel=3)
-        raise CheckpointError(f"nothing to resume: no checkpoint in {self.path / 'checkpoints'} can be read")
+        return None, None
 
     def _logged(self, step: int) -> list[str]:
         "The lines of metrics.jsonl up to update `step`; a last line cut short by a crash is dropped."
@@ -581,12 +608,21 @@ class RunDir:
 
     def resume(self, recipe: Recipe, model, optimizer, scheduler, device, rank: int = 0,
                world_size: int = 1) -> TrainingState:
-        "Restore the newest good checkpoint into the model, optimiser and schedule; returns where the run stood."
+        """Restore the newest good checkpoint into the model, optimiser and schedule; returns where the run stood. A
+        run stopped before its first checkpoint starts again from its first update (the model, optimiser and schedule
+        are then left as they were made)."""
         state, path = self._newest_good_checkpoint()
+        if state is None:
+            if not (self.path / "config.json").exists():
+                raise FileNotFoundError(f"nothing to resume: no run in {self.path}")
+            warnings.warn(f"{self.path}: no checkpoint to resume from; the run starts again from its first update",
+                          RuntimeWarning, stacklevel=2)
+            if self.writer and self.metrics.exists():
+                self.metrics.unlink()
+            return TrainingState()
         if missing := _RESUME_KEYS - set(state):
             raise CheckpointError(f"{path}: cannot resume from it, missing {', '.join(sorted(missing))}")
-        if changed := [name for name in recipe.differences(state["recipe"]) if name != "steps"]:
-            raise CheckpointError(f"{path}: written with other settings ({', '.join(changed)}); resume with the run's own")
+        recipe.check_continues(state["recipe"], path)
         if recipe.steps < state["step"]:
             raise ValueError(f"{path}: the run is at update {state['step']} already, past steps={recipe.steps}")
         if state.get("world_size", 1) != world_size:
@@ -665,6 +701,11 @@ class ProgressReport:
         with progress_shown(self.show):
             yield
         self._line(f"data ready in {time.perf_counter() - started:.1f} s")
+
+    def finished(self, summary: dict) -> dict:
+        "A resumed run that had finished: it says so, and trains nothing; returns its summary."
+        self._line(f"finished its {summary['steps']} updates already: nothing to do (a larger steps= trains on)")
+        return summary
 
     def update(self, step: int, loss: float, lr: float, tokens_per_s: float) -> None:
         "Update `step` is done, with `loss` per token at learning rate `lr`; on a terminal, the bar moves on."

@@ -299,7 +299,7 @@ def train(recipe: Recipe, run_dir, *, device=None, resume: bool = False, progres
     with (RunDir(run_dir, writer=rank == 0, tensorboard=tensorboard) as run,  # one training at a time in run_dir
           ProgressReport(recipe, show=progress and rank == 0) as report):
         if resume and (summary := run.finished(recipe)):
-            return summary
+            return report.finished(summary)
         with report.loading():  # a first use of the data may download it, or tokenize it
             task = load_task(recipe)
         torch.manual_seed(recipe.seed)
@@ -376,7 +376,7 @@ def plot_metrics(run_dir, ax=None):
         raise ModuleNotFoundError(f"plot_metrics draws with Matplotlib ({err}): pip install "
                                   "'annotated-transformer[book]', or pip install matplotlib", name=err.name) from None
 
-    rows = [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if line]
+    rows = read_json(Path(run_dir) / "metrics.jsonl", lines=True)
     if ax is None:
         _, ax = plt.subplots(figsize=(6, 3.5))
     steps = [r["step"] for r in rows]

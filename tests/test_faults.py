@@ -108,9 +108,12 @@ def test_resuming_a_finished_run_changes_nothing(tmp_path, straight, capsys):
     summary["evaluation"] = {"test": {"bleu": 12.3}}  # as `evaluate` adds it
     (run / "summary.json").write_text(json.dumps(summary))
     before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
-    assert train(TINY, run, device="cpu", progress=False, resume=True) == summary
+    capsys.readouterr()
+    assert train(TINY, run, device="cpu", progress=True, resume=True) == summary
     assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
-    assert "has finished its 24 updates: nothing to do" in capsys.readouterr().err
+    assert (
+        capsys.readouterr().err == "copy: finished its 24 updates already: nothing to do (a larger steps= trains on)\n"
+    )
     # asked for more updates, the finished run trains on from where it ended
     more = train(TINY.replace(steps=32), run, device="cpu", progress=False, resume=True)
     assert more["steps"] == 32 and more["finished"] and more["final"]["step"] == 32
@@ -241,6 +244,18 @@ def test_resume_takes_the_runs_own_settings_and_names_a_differing_one(tmp_path, 
     assert main(["train", "copy", "--out", str(run), "--quiet", "--resume", "d_model=64", "seed=3"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1
-    assert "d_model=64 (the run has 32), seed=3 (the run has 0): a resumed run keeps the settings in" in err
+    assert (
+        "config.json: a resumed run keeps its settings, and these differ: d_model=64 (the run has 32), seed=3 (the "
+        "run has 0); only steps may grow" in err
+    )
     assert main(["train", "copy", "--out", str(run), "--quiet", "--resume", "steps=24"]) == 0  # the same value
     assert same_weights(weights(run), weights(straight))
+
+
+def test_a_run_stopped_before_its_first_checkpoint_starts_again_on_resume(tmp_path, straight):
+    run = interrupted(tmp_path, stop=8)
+    (run / "checkpoints" / "step-000008.pt").unlink()  # as if stopped while writing its first checkpoint
+    with pytest.warns(RuntimeWarning, match="no checkpoint to resume from; the run starts again from its first update"):
+        train(TINY, run, device="cpu", progress=False, resume=True)
+    assert same_weights(weights(run), weights(straight))
+    assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [8, 16, 24]

@@ -182,7 +182,6 @@ def test_a_single_string_is_one_sentence(newline_checkpoint):
     assert translator.translate("") == "" and translator.translate([]) == []
     with pytest.raises(TypeError, match="a string or a list of strings"):
         translator.translate([b"bytes"])
-    assert "a single string" in Translator.translate.__doc__
 
 
 def test_word_vocabulary_entries_that_break_a_line_are_never_produced(tmp_path):

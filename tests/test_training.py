@@ -420,7 +420,11 @@ def test_resume_restores_the_newest_checkpoint_and_forgets_metrics_logged_after_
     assert [json.loads(line)["step"] for line in run.metrics.read_text().splitlines()] == [8, 16]
     assert all(torch.equal(a, b) for a, b in zip(fresh.state_dict().values(), model.state_dict().values()))
     assert torch.equal(torch.rand(3), expected_draw)
-    with pytest.raises(CheckpointError, match=r"written with other settings \(dropout, seed\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"step-000016.pt: a resumed run keeps its settings, and these differ: "
+        r"dropout=0.2 \(the run has 0.0\), seed=5 \(the run has 0\)",
+    ):
         run.resume(TINY.replace(seed=5, dropout=0.2), fresh, fresh_optimizer, fresh_scheduler, cpu)
     with pytest.raises(ValueError, match="at update 16 already, past steps=10"):
         run.resume(TINY.replace(steps=10), fresh, fresh_optimizer, fresh_scheduler, cpu)
@@ -447,7 +451,11 @@ def test_run_directory_contents_and_guards(tmp_path):
     assert {"recipe", "device", "steps", "wall_time_s", "final", "exact_match"} <= set(summary)
     with pytest.raises(FileExistsError, match="already holds a run"):
         train(TINY, run, device="cpu", progress=False)
-    with pytest.raises(ValueError, match=r"config.json: the run was trained with other settings \(keep_checkpoints\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"config.json: a resumed run keeps its settings, .* keep_checkpoints=5 "
+        r"\(the run has 2\)",
+    ):
         train(TINY, run, device="cpu", progress=False, resume=True)
     with pytest.raises(ValueError, match="factor must be a positive number"):
         TINY.replace(factor=float("nan"))

@@ -4,10 +4,12 @@
 
 # %% auto #0
 __all__ = ['JS_ASSETS', 'CHART_SCRIPTS', 'NPM_REGISTRY', 'CDN', 'vendor_javascript', 'chart_html', 'book_renderer',
-           'use_book_charts']
+           'use_book_charts', 'svg_text', 'svg_box', 'svg_arrow', 'svg_figure']
 
 # %% ../book/a5_book_tools.ipynb #d94fdced
 import hashlib
+import html as _html
+import re as _re
 import base64
 import io
 import json
@@ -162,3 +164,55 @@ def use_book_charts() -> None:
 
     alt.renderers.register("annotated_transformer", book_renderer)
     alt.renderers.enable("annotated_transformer")
+
+# %% ../book/a5_book_tools.ipynb #08ccdd6b
+_FONT = 'font-family="Helvetica, Arial, sans-serif"'
+
+
+def svg_text(x, y, text, size=13, anchor="middle", bold=False, color="#222"):
+    "One line of SVG text centred vertically on y; `d_k`, `d_{model}`, `W^O` get sub- and superscripts as in the paper."
+    pieces, shift = [], 0
+    for i, piece in enumerate(_re.split(r"([_^](?:\{[^}]*\}|\w))", text)):
+        if not piece:
+            continue
+        target = (4 if piece[0] == "_" else -6) if i % 2 else 0  # odd pieces are the scripts
+        content = _html.escape(piece[1:].strip("{}") if i % 2 else piece)
+        small = f' font-size="{size * 0.72:.1f}"' if i % 2 else ""
+        move = f' dy="{target - shift}"' if target != shift else ""
+        pieces.append(f"<tspan{move}{small}>{content}</tspan>")
+        shift = target
+    weight = ' font-weight="bold"' if bold else ""
+    return (f'<text x="{x}" y="{y + 0.35 * size:.1f}" font-size="{size}" text-anchor="{anchor}" fill="{color}"{weight} '
+            f'{_FONT}>{"".join(pieces)}</text>')
+
+
+def svg_box(cx, cy, w, h, title, note="", fill="#eee", dashed=False, copies=1):
+    "A rounded box centred on (cx, cy), with a bold title and a note; `copies` > 1 stacks shadows behind it."
+    dash = ' stroke-dasharray="5 3"' if dashed else ""
+    parts = [f'<rect x="{cx - w / 2 + 6 * k}" y="{cy - h / 2 - 6 * k}" width="{w}" height="{h}" rx="6" '
+             f'fill="{fill}" stroke="#333"{dash}/>' for k in reversed(range(min(copies, 3)))]
+    if note:
+        return parts + [svg_text(cx, cy - 8, title, bold=True), svg_text(cx, cy + 10, note, size=11)]
+    return parts + [svg_text(cx, cy, title, bold=True)]
+
+
+def svg_arrow(points, label="", dx=8, anchor="start"):
+    "A line through `points` ending in an arrowhead, labelled beside the middle of its first segment."
+    path = " ".join(f"{x},{y}" for x, y in points)
+    parts = [f'<polyline points="{path}" fill="none" stroke="#333" stroke-width="1.4" marker-end="url(#arrowhead)"/>']
+    if label:
+        (x0, y0), (x1, y1) = points[0], points[1]
+        parts.append(svg_text((x0 + x1) / 2 + dx, (y0 + y1) / 2, label, size=11, anchor=anchor, color="#555"))
+    return parts
+
+
+def svg_figure(width, height, parts, title):
+    "The SVG document: its title (for screen readers), a white page, the arrowhead marker, and the parts."
+    marker = ('<defs><marker id="arrowhead" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" markerHeight="7" '
+              'orient="auto"><path d="M0,0 L10,5 L0,10 z" fill="#333"/></marker></defs>')
+    body = "\n".join([f"<title>{_html.escape(title)}</title>", f'<rect width="{width}" height="{height}" fill="white"/>',
+                      marker, *parts])
+    from IPython.display import SVG  # notebooks display it; the package does not need IPython otherwise
+
+    return SVG(f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+               f'viewBox="0 0 {width} {height}">{body}</svg>')

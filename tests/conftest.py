@@ -45,3 +45,28 @@ def single_threaded_env():
     """The environment for a subprocess that trains: one thread per process, so that a run beside other CPU-heavy
     work (or a second process of the same run) does not slow to a crawl from oversubscribed cores."""
     return {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory):
+    """A Multi30k translator trained for seconds (one layer of width 32, 40 updates, 3 checkpoints kept): the
+    translation and benchmark tests share it. Returns (run directory, summary)."""
+    from annotated_transformer.runs import RECIPES
+    from annotated_transformer.training import train
+
+    run_dir = tmp_path_factory.mktemp("runs") / "multi30k-tiny"
+    recipe = RECIPES["multi30k-cpu"].replace(
+        N=1,
+        d_model=32,
+        d_ff=64,
+        max_len=64,
+        steps=40,
+        max_tokens=1500,
+        warmup=20,
+        eval_every=20,
+        checkpoint_every=10,
+        keep_checkpoints=3,
+        average_checkpoints=3,
+    )
+    summary = train(recipe, run_dir, progress=False)
+    return run_dir, summary

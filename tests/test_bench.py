@@ -10,13 +10,11 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from annotated_transformer import (
     MultiHeadedAttention,
-    RECIPES,
     IncrementalDecoder,
     TransformerConfig,
     make_model,
     make_optimizer,
     subsequent_mask,
-    train,
 )
 from annotated_transformer.bench import (
     FusedMultiHeadedAttention,
@@ -374,29 +372,9 @@ def test_traced_calls_attribute_calls_by_name():
     }
 
 
-@pytest.fixture(scope="module")
-def tiny_translator(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("runs") / "multi30k-tiny"
-    recipe = RECIPES["multi30k-cpu"].replace(
-        N=1,
-        d_model=32,
-        d_ff=64,
-        max_len=64,
-        steps=20,
-        max_tokens=1500,
-        warmup=10,
-        eval_every=20,
-        checkpoint_every=20,
-        keep_checkpoints=1,
-        average_checkpoints=1,
-    )
-    train(recipe, run_dir, progress=False)
-    return run_dir
-
-
 @pytest.mark.slow
-def test_the_whole_benchmark_writes_results_and_a_table(tiny_translator, tmp_path):
-    checkpoint = sorted((tiny_translator / "checkpoints").glob("*.pt"))
+def test_the_whole_benchmark_writes_results_and_a_table(tiny_run, tmp_path):
+    checkpoint = sorted((tiny_run[0] / "checkpoints").glob("*.pt"))
     lines = []
     result = run_benchmark(
         device="cpu",
@@ -481,7 +459,7 @@ def test_bench_command_without_translation(tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.slow
-def test_bench_command_writes_the_results(tiny_translator, tmp_path, monkeypatch, capsys):
+def test_bench_command_writes_the_results(tiny_run, tmp_path, monkeypatch, capsys):
     import annotated_transformer.bench as bench  # the command imports run_benchmark from here when it runs
 
     def quick(**kwargs):  # the command's own arguments, with a tiny model and few sentences
@@ -493,7 +471,7 @@ def test_bench_command_writes_the_results(tiny_translator, tmp_path, monkeypatch
             [
                 "bench",
                 "--checkpoint",
-                str(tiny_translator),
+                str(tiny_run[0]),
                 "--repeats",
                 "1",
                 "--device",

@@ -4,6 +4,7 @@ import dataclasses
 import json
 import os
 import pickle
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -264,9 +265,15 @@ def test_a_checkpoint_from_a_stranger_cannot_run_code(tmp_path):
 
     path = tmp_path / "evil.pt"
     path.write_bytes(pickle.dumps({"format": 1, "config": {}, "model": Payload(), "step": 0}, protocol=2))
-    with pytest.raises(CheckpointError, match="evil.pt: not a readable checkpoint"):
+    with pytest.raises(CheckpointError) as refused:
         load_checkpoint(path)
     assert not marker.exists()
+    message = str(refused.value)  # the package's own words, naming the file and what the file asked for
+    assert message.startswith(f"{path}: not a readable checkpoint: it holds something other than tensors and plain")
+    assert "refuses to run code" in message and re.search(r"\(it asks for \S*mkdir\)", message)
+    # PyTorch's own advice (load it with weights_only=False) is neither repeated nor chained to the error
+    assert "weights_only" not in message and "can still be loaded" not in message
+    assert refused.value.__cause__ is None and refused.value.__suppress_context__
 
 
 def test_broken_or_foreign_checkpoints_get_clear_errors(tmp_path):

@@ -495,26 +495,6 @@ def test_from_checkpoint_picks_the_class_that_translators_registers_for_the_voca
         assert translator.direction == "de-en" and len(translator.tgt_vocab) == 8
 
 
-@pytest.fixture(scope="module")
-def tiny_run(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("runs") / "multi30k-tiny"
-    recipe = RECIPES["multi30k-cpu"].replace(
-        N=1,
-        d_model=32,
-        d_ff=64,
-        max_len=64,
-        steps=40,
-        max_tokens=1500,
-        warmup=20,
-        eval_every=20,
-        checkpoint_every=10,
-        keep_checkpoints=3,
-        average_checkpoints=3,
-    )
-    summary = train(recipe, run_dir, progress=False)
-    return run_dir, summary
-
-
 def test_training_on_multi30k_records_vocabularies_and_a_validation_bleu(tiny_run):
     run_dir, summary = tiny_run
     assert summary["finished"] and "valid_greedy_bleu" in summary and "case:mixed" in summary["bleu_signature"]

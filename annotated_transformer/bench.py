@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = ['PEAK_BF16_FLOPS', 'stacked', 'FusedMultiHeadedAttention', 'use_path', 'straightforward_batches', 'summarize',
            'PeakMemory', 'peak_flops', 'training_flops', 'bench_training', 'traced_calls', 'decoding_time_split',
-           'bench_translation', 'device_slug', 'run_benchmark', 'bench_table', 'write_benchmark']
+           'bench_translation', 'run_benchmark', 'bench_table', 'write_benchmark']
 
 # %% ../book/10_speed.ipynb #9321eae2
 import ctypes
@@ -27,7 +27,8 @@ from torch import Tensor, nn
 from .data import load_multi30k
 from .model import EncoderDecoder, TransformerConfig, make_model
 from .multi_head import MultiHeadedAttention
-from .runs import RECIPES, atomic_file, check_device, commit, device_name, load_task, write_json
+from .runs import (RECIPES, atomic_file, check_device, commit, device_name, device_slug, load_task,
+                                        write_json)
 from .training import (PAD, LabelSmoothing, accumulate_gradients, batches_of, make_optimizer,
                                             padding_fraction, token_batches)
 from .translation import IncrementalDecoder, Translator, decode_batches
@@ -50,8 +51,9 @@ class FusedMultiHeadedAttention(MultiHeadedAttention):
             groups = [(query, w[:1]), (key, w[1:])]
         else:
             return super().project(query, key, value)
-        # One (d_model, k * d_model) product instead of k narrow ones; its output splits back into the k projections.
-        return tuple(part for x, ws in groups for part in F.linear(x, *stacked(*ws)).chunk(len(ws), dim=-1))
+        # One product with the k projections' weights stacked instead of k narrow ones; its output splits back into them.
+        return tuple(part for x, ws in groups
+                     for part in F.linear(x, *stacked(*ws)).split([layer.out_features for layer in ws], dim=-1))
 
 # %% ../book/10_speed.ipynb #c4fda305
 def use_path(model: EncoderDecoder, fast: bool) -> None:
@@ -364,11 +366,6 @@ def bench_translation(model: EncoderDecoder, sources, device, batch_sizes=(1, 64
     return results
 
 # %% ../book/10_speed.ipynb #3e44504c
-def device_slug(name: str) -> str:
-    "A file-name-safe form of a device name: 'NVIDIA H100 80GB HBM3' -> 'nvidia-h100-80gb-hbm3'."
-    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "unknown"
-
-
 def _spread(items: list, n: int) -> list:
     "n items spread evenly over `items` (all of them when n >= len(items)), in their order."
     if n >= len(items):

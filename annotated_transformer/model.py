@@ -97,7 +97,8 @@ class TransformerConfig:
     """The model's hyper-parameters, named as in Table 3 of the paper (defaults: the base model).
 
     N: layers per stack; d_model: model width; d_ff: inner width of the feed-forward network; h: attention
-    heads; dropout: P_drop; label_smoothing: epsilon_ls (used by the loss); positional: "sinusoidal" or
+    heads; d_k: each head's query and key width (None: d_model / h; Table 3, row B narrows it, values keep
+    d_model / h); dropout: P_drop; label_smoothing: epsilon_ls (used by the loss); positional: "sinusoidal" or
     "learned" (Table 3, row E); norm_first: False for the paper's post-norm, True for pre-norm;
     share_embeddings: weight sharing of §3.4; max_len: longest sequence the positional encoding covers.
     """
@@ -106,6 +107,7 @@ class TransformerConfig:
     d_model: int = 512
     d_ff: int = 2048
     h: int = 8
+    d_k: int | None = None
     dropout: float = 0.1
     label_smoothing: float = 0.1
     positional: str = "sinusoidal"
@@ -118,6 +120,8 @@ class TransformerConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if self.d_k is not None and (not isinstance(self.d_k, int) or isinstance(self.d_k, bool) or self.d_k < 1):
+            raise ValueError(f"d_k must be a positive integer or None (d_model / h), got {self.d_k!r}")
         for name in ("dropout", "label_smoothing"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= value < 1.0:
@@ -164,7 +168,7 @@ def make_model(src_vocab: int, tgt_vocab: int, config: TransformerConfig | None 
     c = dataclasses.replace(config or TransformerConfig(), **overrides)
 
     def attention():
-        return MultiHeadedAttention(c.h, c.d_model, c.dropout)
+        return MultiHeadedAttention(c.h, c.d_model, c.dropout, d_k=c.d_k)
 
     def feed_forward():
         return PositionwiseFeedForward(c.d_model, c.d_ff, c.dropout)

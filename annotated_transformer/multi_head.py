@@ -41,30 +41,35 @@ class MultiHeadedAttention(nn.Module):
     by every head. It returns (batch, n_q, d_model). By default the heads run in PyTorch's
     `torch.nn.functional.scaled_dot_product_attention` (a fused kernel where PyTorch has one). With `explicit=True`,
     or inside a `record_attention()` scope, they run in the book's `attention`; inside the scope the weights,
-    (batch, h, n_q, n_k), are kept in `.attn`. Both paths compute the same function.
+    (batch, h, n_q, n_k), are kept in `.attn`. Both paths compute the same function. `d_k` sets the width of each
+    head's queries and keys apart from that of its values, d_v = d_model / h (Table 3, row B, narrows it).
     """
 
-    def __init__(self, h: int, d_model: int, dropout: float = 0.1, explicit: bool = False):
+    def __init__(self, h: int, d_model: int, dropout: float = 0.1, explicit: bool = False, d_k: int | None = None):
         super().__init__()
         if d_model % h:
             raise ValueError(f"d_model ({d_model}) must be divisible by the number of heads h ({h}): "
                              "each head gets d_model / h dimensions")
-        self.h, self.d_k = h, d_model // h
-        self.w_q, self.w_k, self.w_v, self.w_o = (nn.Linear(d_model, d_model) for _ in range(4))
+        if d_k is not None and (not isinstance(d_k, int) or isinstance(d_k, bool) or d_k < 1):
+            raise ValueError(f"d_k must be a positive integer or None (d_model / h), got {d_k!r}")
+        self.h, self.d_v = h, d_model // h
+        self.d_k = d_k or self.d_v
+        self.w_q, self.w_k = (nn.Linear(d_model, h * self.d_k) for _ in range(2))
+        self.w_v, self.w_o = (nn.Linear(d_model, d_model) for _ in range(2))
         self.dropout = nn.Dropout(dropout)
         self.explicit = explicit
         self.attn: Tensor | None = None
 
     def split_heads(self, x: Tensor) -> Tensor:
-        "(batch, n, d_model) -> (batch, h, n, d_k): head i gets columns i*d_k ... (i+1)*d_k - 1."
-        return x.view(x.size(0), -1, self.h, self.d_k).transpose(1, 2)
+        "(batch, n, h * d) -> (batch, h, n, d): head i gets columns i*d ... (i+1)*d - 1 (d: d_k, or d_v for values)."
+        return x.view(x.size(0), x.size(1), self.h, -1).transpose(1, 2)
 
     def merge_heads(self, x: Tensor) -> Tensor:
-        "(batch, h, n, d_k) -> (batch, n, d_model): the heads' outputs side by side (Concat), the inverse of split_heads."
-        return x.transpose(1, 2).reshape(x.size(0), -1, self.h * self.d_k)
+        "(batch, h, n, d_v) -> (batch, n, d_model): the heads' outputs side by side (Concat), the inverse of split_heads."
+        return x.transpose(1, 2).reshape(x.size(0), -1, self.h * self.d_v)
 
     def project(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        "Q W^Q, K W^K and V W^V, (batch, n, d_model) each."
+        "Q W^Q, K W^K and V W^V: (batch, n, h * d_k), (batch, n, h * d_k) and (batch, n, d_model)."
         return self.w_q(query), self.w_k(key), self.w_v(value)
 
     def forward(self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None) -> Tensor:
@@ -77,7 +82,7 @@ class MultiHeadedAttention(nn.Module):
             mask = mask.unsqueeze(1)  # (batch, 1, 1 or n_q, n_k): the same mask for every head
         q, k, v = (self.split_heads(t) for t in self.project(query, key, value))  # (batch, h, n_q or n_k, d_k)
         if self.explicit or _recording:
-            x, weights = attention(q, k, v, mask, self.dropout)  # (batch, h, n_q, d_k)
+            x, weights = attention(q, k, v, mask, self.dropout)  # (batch, h, n_q, d_v)
             self.attn = weights.detach() if _recording else None
         else:
             x = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,

@@ -8,7 +8,7 @@ __all__ = ['CHECKPOINT_FORMAT', 'RECIPES', 'RECIPE_DESCRIPTIONS', 'TASKS', 'TRAN
            'read_json', 'CheckpointError', 'weights_digest', 'save_checkpoint', 'load_checkpoint', 'list_checkpoints',
            'model_from_checkpoint', 'model_from_state', 'stored_recipe', 'Recipe', 'Task', 'registered', 'load_task',
            'default_device', 'check_device', 'rng_state', 'set_rng_state', 'TrainingState', 'RunDirBusy', 'RunDir',
-           'ProgressReport', 'commit', 'device_name', 'record_result']
+           'ProgressReport', 'commit', 'device_name', 'device_slug', 'record_result']
 
 # %% ../book/a2_runs.ipynb #3e47a30d
 import contextlib
@@ -761,6 +761,11 @@ def device_name(device: str) -> str:
         models = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if line.startswith("model name")]
         name = models[0] if models else name
     return f"{name}, {os.cpu_count()} CPU cores"
+
+
+def device_slug(name: str) -> str:
+    "A file-name-safe form of a device name: 'NVIDIA H100 80GB HBM3' -> 'nvidia-h100-80gb-hbm3'."
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "unknown"
 
 
 def record_result(run_dir, evaluation: dict, results_dir="results") -> Path:

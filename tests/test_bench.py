@@ -16,6 +16,7 @@ from annotated_transformer import (
     make_optimizer,
     subsequent_mask,
 )
+from annotated_transformer.runs import device_slug
 from annotated_transformer.bench import (
     FusedMultiHeadedAttention,
     PeakMemory,
@@ -23,7 +24,6 @@ from annotated_transformer.bench import (
     bench_training,
     bench_translation,
     decoding_time_split,
-    device_slug,
     peak_flops,
     run_benchmark,
     straightforward_batches,

@@ -56,6 +56,7 @@ _MODULES = {  # module: the public names it exports through the package
         "greedy_search",
         "length_penalty",
     ],
+    "variations": ["PAPER_TABLE3", "Variation", "run_variations", "score_run", "table3_rows", "variations_table"],
     "charts": ["chart_html", "use_book_charts", "vendor_javascript"],
     "bench": [
         "bench_table",

@@ -537,6 +537,56 @@ def _bench(args) -> dict:
     print(f"\nwritten: {paths[0]} and {paths[1]}")
     return result
 
+# %% ../book/a4_command_line.ipynb #b998bb71
+def _add_variations(commands) -> None:
+    "The `variations` command's arguments."
+    from annotated_transformer.variations import DEFAULT_BASE
+
+    variations_cmd = commands.add_parser(
+        "variations",
+        help="train and score the paper's Table 3 in miniature",
+        usage="annotated-transformer variations [options] [KEY=VALUE ...]",
+        description="Train a base recipe and one variation per row of the paper's Table 3 (heads, d_k, layers, "
+        "widths, dropout, label smoothing, learned positions; the base with several seeds), one run directory each "
+        "under --out; score each on the Multi30k validation split (perplexity, beam-search BLEU) and write "
+        "--results/variations-<device>.json. Run again, it resumes: scored rows are read back, an interrupted one "
+        "continues from its newest checkpoint. KEY=VALUE words change the base recipe.",
+    )
+    variations_cmd.add_argument("--base", default=DEFAULT_BASE,
+                                choices=[name for name, r in RECIPES.items() if r.task == "multi30k"],
+                                help=f"the base recipe (default: {DEFAULT_BASE}; on a GPU, multi30k-cpu or multi30k-gpu)")
+    variations_cmd.add_argument("--seeds", type=_positive, default=3, help="seeds of the base row (default 3)")
+    variations_cmd.add_argument("--only", nargs="+", metavar="ROW",
+                                help="train only these rows now, e.g. base A-h1 (the table keeps every row done)")
+    variations_cmd.add_argument("--out", type=Path, help="folder of the rows' run directories (default: "
+                                "runs/variations-BASE)")
+    variations_cmd.add_argument("--results", type=Path, default=Path("results"),
+                                help="folder for the results file (default: results)")
+    variations_cmd.add_argument("--device", help="cpu, cuda, cuda:N or mps (default: the best available)")
+    variations_cmd.add_argument("--quiet", action="store_true", help="no progress output (bar or lines)")
+
+
+def _variations(args, settings: dict) -> dict:
+    "Run `variations`: every row trained and scored, the table written and printed; returns the table."
+    from annotated_transformer.runs import check_device, device_name, device_slug
+    from annotated_transformer.variations import DEFAULT_BASE, run_variations, table3_rows, variations_table
+
+    try:
+        base = RECIPES[args.base].replace(**settings)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    rows = table3_rows(base.model, args.seeds)
+    if args.only and (unknown := sorted(set(args.only) - {r.name for r in rows})):
+        raise UsageError(f"--only: no row named {', '.join(unknown)}; the rows are {', '.join(r.name for r in rows)}")
+    device = check_device(_device(args.device))
+    own = "" if args.base == DEFAULT_BASE and not settings else f"-{args.base}"  # the book's table keeps the short name
+    results = args.results / f"variations{own}-{device_slug(device_name(str(device)))}.json"
+    table = run_variations(base, args.out or Path("runs") / f"variations-{args.base}", rows, only=args.only,
+                           results=results, device=device, progress=not args.quiet)
+    print(variations_table(table))
+    print(f"\nwritten: {results}" + ("" if table["complete"] else " (not every row is done yet)"))
+    return table
+
 # %% ../book/a4_command_line.ipynb #3b09303c
 class _Version(argparse.Action):
     "`--version`: the package's version, PyTorch's, and what PyTorch computes on here; then the program ends."
@@ -562,7 +612,8 @@ def build_parser() -> argparse.ArgumentParser:
     debug = "on a failure, also print its traceback (for a bug report)"
     parser.add_argument("--debug", action="store_true", help=debug)
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    for add_command in (_add_train, _add_prepare, _add_translate, _add_evaluate, _add_bench):
+    for add_command in (_add_train, _add_prepare, _add_translate, _add_evaluate, _add_bench,
+                        _add_variations):
         add_command(commands)
     for name, command in commands.choices.items():  # the options several commands share, after their own
         if name != "prepare":  # the commands that compute with PyTorch
@@ -587,7 +638,7 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
 
 
 def main(argv=None) -> int:
-    """The command line: `annotated-transformer train | prepare | translate | evaluate | bench ...` (see `--help`).
+    """The command line: `annotated-transformer train | prepare | translate | evaluate | bench | variations ...` (see `--help`).
 
     Every failure prints one line on stderr, without a traceback (`--debug` or `AT_DEBUG=1` prints the traceback
     before it): exit code 2 for mistakes in the arguments or settings, 1 for anything that goes wrong while running,
@@ -608,7 +659,7 @@ def main(argv=None) -> int:
             debug = debug or args.debug
             if args.command == "train" and args.recipe and "=" in args.recipe:  # a setting where RECIPE may stand
                 rest, args.recipe = [args.recipe, *rest], None
-            if args.command != "train" and rest:
+            if args.command not in ("train", "variations") and rest:
                 raise UsageError(f"unrecognized arguments: {' '.join(rest)}")
             settings = dict(parse_override(word) for word in rest)  # KEY=VALUE words, before or after the options
             if getattr(args, "threads", None):
@@ -623,6 +674,8 @@ def main(argv=None) -> int:
                 _translate(args)
             elif args.command == "evaluate":
                 _evaluate(args)
+            elif args.command == "variations":
+                _variations(args, settings)
             else:
                 _bench(args)
     except UsageError as err:
@@ -636,6 +689,8 @@ def main(argv=None) -> int:
         if args and args.command == "train" and args.recipe:
             out = args.out or Path("runs") / args.recipe
             resume = f"; continue with: annotated-transformer train {args.recipe} --out {shlex.quote(str(out))} --resume"
+        elif args and args.command == "variations":
+            resume = "; run the same command again to continue (scored rows are kept, the stopped one resumes)"
         print(f"annotated-transformer: {how}{resume}", file=sys.stderr)
         return 143 if isinstance(err, _Terminated) else 130
     except Exception as err:  # noqa: BLE001 - the command line reports, the library raises

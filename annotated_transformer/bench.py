@@ -151,9 +151,9 @@ def training_flops(model: EncoderDecoder, src_lengths, tgt_lengths) -> float:
     """Model FLOPs of one training update (forward and backward) on sentences of the given real lengths.
 
     The usual count (Kaplan et al., 2020; PaLM's MFU): 6 FLOPs per entry of a weight matrix per token it
-    multiplies (2 forward, 4 backward), plus the attention's QKᵀ and weighted sum, 12 · d_model · n_q · n_k per
-    attention layer. The encoder's matrices, and the W^K, W^V of the decoder's encoder-decoder attention,
-    multiply source tokens; the rest of the decoder and the output layer multiply target tokens. Padding is not
+    multiplies (2 forward, 4 backward), plus the attention's QKᵀ and weighted sum, 6 · h · (d_k + d_v) · n_q · n_k per
+    attention layer (12 · d_model · n_q · n_k when d_k = d_v = d_model / h). The encoder's matrices, and the
+    W^K, W^V of the decoder's encoder-decoder attention, multiply source tokens; the rest of the decoder and the output layer multiply target tokens. Padding is not
     counted: it is work, but not useful work. Biases, layer norms and embedding lookups are not matrix
     products and are left out.
     """
@@ -166,7 +166,8 @@ def training_flops(model: EncoderDecoder, src_lengths, tgt_lengths) -> float:
     per_src = matrices(model.encoder, *(a.w_k for a in src_attn), *(a.w_v for a in src_attn))
     per_tgt = matrices(model.decoder, model.generator) - matrices(*(a.w_k for a in src_attn), *(a.w_v for a in src_attn))
     s, t = torch.as_tensor(src_lengths, dtype=torch.float64), torch.as_tensor(tgt_lengths, dtype=torch.float64)
-    attention = 12 * c.d_model * c.N * float((s * s + t * t + t * s).sum())
+    d_v = c.d_model // c.h
+    attention = 6 * c.h * ((c.d_k or d_v) + d_v) * c.N * float((s * s + t * t + t * s).sum())
     return 6 * (per_src * float(s.sum()) + per_tgt * float(t.sum())) + attention
 
 # %% ../book/10_speed.ipynb #6cfdf973

@@ -62,7 +62,7 @@ class MultiHeadedAttention(nn.Module):
 
     def split_heads(self, x: Tensor) -> Tensor:
         "(batch, n, h * d) -> (batch, h, n, d): head i gets columns i*d ... (i+1)*d - 1 (d: d_k, or d_v for values)."
-        return x.view(x.size(0), x.size(1), self.h, -1).transpose(1, 2)
+        return x.view(x.size(0), x.size(1), self.h, x.size(-1) // self.h).transpose(1, 2)
 
     def merge_heads(self, x: Tensor) -> Tensor:
         "(batch, h, n, d_v) -> (batch, n, d_model): the heads' outputs side by side (Concat), the inverse of split_heads."

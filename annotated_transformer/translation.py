@@ -150,19 +150,19 @@ class IncrementalDecoder:
         self.rows = memory.size(0) * beam_size
         if cache:
             layers = model.decoder.layers
-            self.keys: list[Tensor | None] = [None] * len(layers)     # per layer (rows, h, length, d_k)
+            self.keys: list[Tensor | None] = [None] * len(layers)     # per layer (rows, h, length, d_k or d_v)
             self.values: list[Tensor | None] = [None] * len(layers)
-            # The encoder output's keys and values, projected once per sentence: per layer (n_sent, h, n_src, d_k) each.
+            # The encoder output's keys and values, projected once per sentence: per layer (n_sent, h, n_src, d_k) and (..., d_v).
             self.memory_kv = [(a.split_heads(a.w_k(memory)), a.split_heads(a.w_v(memory)))
                               for a in (layer.src_attn for layer in layers)]
         else:
             self.prefix = memory.new_empty(self.rows, 0, dtype=torch.long)  # (rows, length)
 
     def _self_attention(self, i: int, mha: MultiHeadedAttention, y: Tensor) -> Tensor:
-        q, k, v = mha.split_heads(mha.w_q(y)), mha.split_heads(mha.w_k(y)), mha.split_heads(mha.w_v(y))  # (rows, h, 1, d_k)
+        q, k, v = mha.split_heads(mha.w_q(y)), mha.split_heads(mha.w_k(y)), mha.split_heads(mha.w_v(y))  # (rows, h, 1, d_k or d_v)
         if self.keys[i] is not None:
             k, v = torch.cat([self.keys[i], k], dim=2), torch.cat([self.values[i], v], dim=2)
-        self.keys[i], self.values[i] = k, v                            # (rows, h, length, d_k)
+        self.keys[i], self.values[i] = k, v                            # (rows, h, length, d_k or d_v)
         return mha.w_o(mha.merge_heads(F.scaled_dot_product_attention(q, k, v)))  # the newest sees every earlier one
 
     def _source_attention(self, i: int, mha: MultiHeadedAttention, y: Tensor) -> Tensor:

@@ -122,3 +122,30 @@ def test_a_mask_of_the_wrong_rank_is_refused():
 def test_parameters_do_not_depend_on_the_number_of_heads():
     counts = {sum(p.numel() for p in MultiHeadedAttention(h, 64).parameters()) for h in (1, 2, 4, 8, 16)}
     assert counts == {4 * (64 * 64 + 64)}
+
+
+def test_narrower_keys_than_values_are_the_paper_formula_on_both_paths():
+    "Table 3, row B: d_k below d_v = d_model / h. Head i reads its own d_k rows of W^Q, W^K and d_v rows of W^V."
+    torch.manual_seed(0)
+    fast = MultiHeadedAttention(4, 32, dropout=0.0, d_k=3).double().eval()
+    slow = MultiHeadedAttention(4, 32, dropout=0.0, explicit=True, d_k=3).double().eval()
+    slow.load_state_dict(fast.state_dict())
+    assert (fast.d_k, fast.d_v, fast.w_q.out_features, fast.w_k.out_features, fast.w_v.out_features) == (3, 8, 12, 12, 32)
+    q, kv = torch.randn(2, 5, 32, dtype=torch.float64), torch.randn(2, 7, 32, dtype=torch.float64)
+    mask = masks()["padding"]
+    heads = []
+    for i in range(4):
+        k_rows, v_rows = slice(3 * i, 3 * (i + 1)), slice(8 * i, 8 * (i + 1))
+        project = lambda lin, x, rows: x @ lin.weight[rows].T + lin.bias[rows]
+        head, _ = attention(project(fast.w_q, q, k_rows), project(fast.w_k, kv, k_rows), project(fast.w_v, kv, v_rows),
+                            mask)
+        heads.append(head)
+    expected = torch.cat(heads, dim=-1) @ fast.w_o.weight.T + fast.w_o.bias
+    torch.testing.assert_close(fast(q, kv, kv, mask), expected, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(slow(q, kv, kv, mask), expected, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("d_k", [0, -2, 2.5, True])
+def test_a_d_k_that_is_no_positive_integer_is_refused(d_k):
+    with pytest.raises(ValueError, match="d_k must be a positive integer or None"):
+        MultiHeadedAttention(4, 32, d_k=d_k)

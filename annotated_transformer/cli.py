@@ -8,6 +8,7 @@ __all__ = ['UsageError', 'parse_override', 'build_parser', 'main']
 # %% ../book/a4_command_line.ipynb #f7112498
 import argparse
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -549,7 +550,8 @@ def _add_variations(commands) -> None:
         description="Train a base recipe and one variation per row of the paper's Table 3 (heads, d_k, layers, "
         "widths, dropout, label smoothing, learned positions; the base with several seeds), one run directory each "
         "under --out; score each on the Multi30k validation split (perplexity, beam-search BLEU) and write "
-        "--results/variations-<device>.json. Run again, it resumes: scored rows are read back, an interrupted one "
+        "--results/variations-<device>.json (with another base, settings or seeds: a name that says so). Run again, "
+        "it resumes: scored rows are read back, an interrupted one "
         "continues from its newest checkpoint. KEY=VALUE words change the base recipe.",
     )
     variations_cmd.add_argument("--base", default=DEFAULT_BASE,
@@ -559,7 +561,7 @@ def _add_variations(commands) -> None:
     variations_cmd.add_argument("--only", nargs="+", metavar="ROW",
                                 help="train only these rows now, e.g. base A-h1 (the table keeps every row done)")
     variations_cmd.add_argument("--out", type=Path, help="folder of the rows' run directories (default: "
-                                "runs/variations-BASE)")
+                                "runs/variations-BASE, with a digest of any KEY=VALUE settings)")
     variations_cmd.add_argument("--results", type=Path, default=Path("results"),
                                 help="folder for the results file (default: results)")
     variations_cmd.add_argument("--device", help="cpu, cuda, cuda:N or mps (default: the best available)")
@@ -571,18 +573,26 @@ def _variations(args, settings: dict) -> dict:
     from annotated_transformer.runs import check_device, device_name, device_slug
     from annotated_transformer.variations import DEFAULT_BASE, run_variations, table3_rows, variations_table
 
+    only = [word for word in args.only or [] if "=" not in word] or None
+    settings = {**settings, **dict(parse_override(word) for word in args.only or [] if "=" in word)}  # after --only
     try:
         base = RECIPES[args.base].replace(**settings)
     except ValueError as err:
         raise UsageError(str(err)) from None
-    rows = table3_rows(base.model, args.seeds)
-    if args.only and (unknown := sorted(set(args.only) - {r.name for r in rows})):
+    rows = table3_rows(base, args.seeds)
+    if only and (unknown := sorted(set(only) - {r.name for r in rows})):
         raise UsageError(f"--only: no row named {', '.join(unknown)}; the rows are {', '.join(r.name for r in rows)}")
     device = check_device(_device(args.device))
-    own = "" if args.base == DEFAULT_BASE and not settings else f"-{args.base}"  # the book's table keeps the short name
-    results = args.results / f"variations{own}-{device_slug(device_name(str(device)))}.json"
-    table = run_variations(base, args.out or Path("runs") / f"variations-{args.base}", rows, only=args.only,
-                           results=results, device=device, progress=not args.quiet)
+
+    def digest(values: dict) -> str:  # other settings, another table: its own folder and results file
+        return "-" + hashlib.sha256(json.dumps(values, sort_keys=True).encode()).hexdigest()[:8] if values else ""
+
+    base_name = "" if args.base == DEFAULT_BASE else f"-{args.base}"  # the book's table has the short name
+    seeds = {"seeds": args.seeds} if args.seeds != 3 else {}
+    results = (args.results / f"variations{base_name}{digest({**settings, **seeds})}-"
+               f"{device_slug(device_name(str(device)))}.json")
+    out = args.out or Path("runs") / f"variations-{args.base}{digest(settings)}"
+    table = run_variations(base, out, rows, only=only, results=results, device=device, progress=not args.quiet)
     print(variations_table(table))
     print(f"\nwritten: {results}" + ("" if table["complete"] else " (not every row is done yet)"))
     return table

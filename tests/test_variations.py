@@ -1,0 +1,161 @@
+"""Table 3 in miniature (book/08_variations.ipynb): the rows, how each is scored, and a command that resumes."""
+
+import dataclasses
+import json
+import math
+
+import pytest
+import torch
+from conftest import needs_mirror
+
+from annotated_transformer.bench import FusedMultiHeadedAttention, use_path
+from annotated_transformer.cli import main
+from annotated_transformer.model import TransformerConfig, make_model
+from annotated_transformer.runs import RECIPES
+from annotated_transformer.training import Batch, train
+from annotated_transformer.translation import beam_search, greedy_search
+from annotated_transformer.variations import (DEFAULT_BASE, PAPER_TABLE3, Variation, run_variations, table3_rows,
+                                              variations_table)
+
+BASE = RECIPES[DEFAULT_BASE]
+
+
+def parameters(config: TransformerConfig, vocab: int = 100) -> int:
+    with torch.device("meta"):  # shapes only
+        return sum(p.numel() for p in make_model(vocab, vocab, config).parameters())
+
+
+def test_the_rows_of_the_books_base():
+    assert [r.name for r in table3_rows(BASE)] == [
+        "base", "base-seed1", "base-seed2", "A-h1", "A-h8", "A-h16", "B-dk16", "B-dk8", "C-N1", "C-N4", "C-d64",
+        "C-d256", "C-ff128", "C-ff512", "D-dropout0.0", "D-dropout0.2", "D-ls0.0", "D-ls0.2", "E-learned"]
+
+
+@pytest.mark.parametrize("base", [BASE.model, TransformerConfig(), TransformerConfig(d_model=64, h=4, d_k=8)],
+                         ids=["books-base", "papers-base", "base-with-d_k"])
+@pytest.mark.parametrize("seed", [0, 7])
+def test_each_row_changes_one_thing_and_row_a_keeps_the_computation(base, seed):
+    recipe = BASE.replace(**dataclasses.asdict(base), seed=seed)
+    d_k = base.d_k or base.d_model // base.h
+    rows = table3_rows(recipe)
+    assert [row.recipe(recipe).seed for row in rows if row.row == "base"] == [seed, seed + 1, seed + 2]
+    for row in rows:
+        varied = row.recipe(recipe)
+        changed = {k for k, v in dataclasses.asdict(varied.model).items() if v != getattr(base, k)}
+        if row.row == "base":
+            assert changed == set() and row.name == ("base" if varied.seed == seed else f"base-seed{varied.seed}")
+            continue
+        assert varied.seed == seed and (len(changed - {"d_k"}) == 1 or changed == {"d_k"} == {k for k, _ in row.changes}), row
+        if row.row == "A":  # other heads, d_k = d_v = d_model / h: the same projections, split otherwise
+            assert varied.model.h != base.h and varied.model.d_k is None
+            assert parameters(varied.model) == parameters(dataclasses.replace(base, d_k=None))
+        elif row.row == "B":
+            assert changed == {"d_k"} and varied.model.d_k < d_k and parameters(varied.model) < parameters(base)
+        elif row.row == "C" and "d_model" in changed:
+            assert varied.model.d_k is None  # the heads kept: d_k follows the width
+
+
+def test_seeds_and_the_papers_table():
+    assert [r.name for r in table3_rows(BASE, seeds=1)][:2] == ["base", "A-h1"]
+    with pytest.raises(ValueError, match="seeds must be at least 1"):
+        table3_rows(BASE, seeds=0)
+    assert len(PAPER_TABLE3) == 20 and PAPER_TABLE3[0] == {"row": "base", "changes": {}, "dev_ppl": 4.92,
+                                                             "dev_bleu": 25.8, "params_m": 65}
+    assert {r["row"] for r in PAPER_TABLE3} == {"base", "A", "B", "C", "D", "E", "big"}
+    assert all(r["changes"]["h"] * r["changes"]["d_k"] == 512 for r in PAPER_TABLE3 if r["row"] == "A")
+
+
+def test_a_model_with_narrower_keys_decodes_the_same_on_every_path():
+    torch.manual_seed(0)
+    model = make_model(20, 20, N=2, d_model=32, d_ff=64, h=4, d_k=4).eval()
+    src = torch.randint(4, 20, (3, 7))
+    batch = Batch(src, src)
+    outputs = {}
+    for fast in (False, True):
+        use_path(model, fast)
+        assert isinstance(model.encoder.layers[0].self_attn, FusedMultiHeadedAttention) is fast
+        outputs[fast] = model(batch.src, batch.tgt_in, batch.src_mask, batch.tgt_mask)
+    torch.testing.assert_close(outputs[True], outputs[False], rtol=1e-5, atol=1e-5)
+    assert greedy_search(model, src, batch.src_mask, cache=True) == greedy_search(model, src, batch.src_mask, cache=False)
+    cached, uncached = (beam_search(model, src, batch.src_mask, beam_size=3, cache=c) for c in (True, False))
+    assert [h.tokens for h in cached] == [h.tokens for h in uncached]
+
+
+@pytest.mark.parametrize("d_k", [0, 1.5, "8"])
+def test_a_configuration_refuses_a_d_k_that_is_no_positive_integer(d_k):
+    with pytest.raises(ValueError, match="d_k must be a positive integer or None"):
+        TransformerConfig(d_k=d_k)
+
+
+@needs_mirror
+def test_the_rows_resume_without_training_a_scored_row_again(tmp_path, cache):
+    base = BASE.replace(N=1, d_model=32, d_ff=64, max_len=64, steps=6, warmup=3, eval_every=3, checkpoint_every=3,
+                        keep_checkpoints=2, average_checkpoints=2)
+    rows = [Variation("base", "base"), Variation("D", "D-ls0.0", (("label_smoothing", 0.0),))]
+    out, results = tmp_path / "runs", tmp_path / "results" / "variations.json"
+    train(rows[1].recipe(base), out / "D-ls0.0", stop_after=3, progress=False)  # a row interrupted after 3 updates
+
+    first = run_variations(base, out, rows, only=["base"], results=results, progress=False)
+    assert [r["name"] for r in first["rows"]] == ["base"] and first["complete"] is False
+    assert json.loads(results.read_text()) == first
+    kept = {p.name: p.stat().st_mtime_ns for p in (out / "base").rglob("*") if p.is_file()}
+
+    table = run_variations(base, out, rows, results=results, progress=False)
+    assert [r["name"] for r in table["rows"]] == ["base", "D-ls0.0"] and table["complete"] is True
+    assert {p.name: p.stat().st_mtime_ns for p in (out / "base").rglob("*") if p.is_file()} == kept  # read back
+    logged = [json.loads(line)["step"] for line in (out / "D-ls0.0" / "metrics.jsonl").read_text().splitlines()]
+    assert logged == [3, 6]  # resumed after update 3, not started again
+    assert json.loads(results.read_text()) == table
+    for row in table["rows"]:
+        assert row["steps"] == 6 and row["params"] > 0 and math.isfinite(row["dev_ppl"]) and row["dev_ppl"] > 1
+        assert 0 <= row["dev_bleu"] <= 100 and row["bleu_signature"].startswith("nrefs:1|case:mixed")
+        assert row["settings"] == rows[[r.name for r in rows].index(row["name"])].recipe(base).to_dict()
+    assert table["rows"][0]["averaged"]["checkpoints"] == ["step-000003.pt", "step-000006.pt"]
+    assert "averaged" not in table["rows"][1] and table["rows"][1]["checkpoints"] == ["step-000006.pt"]
+    assert variations_table(table).splitlines()[2].startswith("D     label_smoothing=0.0")
+
+    with pytest.raises(ValueError, match="keeps its settings.*dropout"):  # another base is not this table
+        run_variations(base.replace(dropout=0.3), out, rows, progress=False)
+    with pytest.raises(ValueError, match="holds a run of 6 updates, not the 5 of this table.*--out"):
+        run_variations(base.replace(steps=5), out, rows, progress=False)
+    with pytest.raises(TypeError, match="only must be a list of row names"):
+        run_variations(base, out, rows, only="base", progress=False)
+
+
+def test_the_command_names_the_rows_it_knows(capsys, tmp_path):
+    assert main(["variations", "--only", "base", "A-h3", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "--only: no row named A-h3; the rows are base, base-seed1" in err and "E-learned" in err
+    assert main(["variations", "lr=0.1", "--out", str(tmp_path)]) == 2
+    assert "unknown setting(s) lr" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
+
+
+def test_the_command_trains_into_one_folder_per_row_and_names_the_results_by_device(monkeypatch, tmp_path, capsys):
+    import annotated_transformer.variations as variations
+
+    calls = []
+
+    def stand_in(base, out_dir, rows, **options):
+        calls.append((base, out_dir, [r.name for r in rows], options))
+        return {"rows": [], "complete": False}
+
+    monkeypatch.setattr(variations, "run_variations", stand_in)
+    assert main(["variations", "--results", str(tmp_path), "--threads", "1"]) == 0
+    (base, out_dir, names, options), = calls
+    assert base == BASE and str(out_dir) == f"runs/variations-{DEFAULT_BASE}" and names[:4] == ["base", "base-seed1",
+                                                                                                "base-seed2", "A-h1"]
+    assert options["results"].parent == tmp_path and options["results"].name.startswith("variations-")
+    assert f"variations-{DEFAULT_BASE}-" not in options["results"].name
+    # other settings (also after --only) or seeds: another folder and another results file, named by a digest
+    assert main(["variations", "--only", "base", "A-h1", "steps=10", "--results", str(tmp_path)]) == 0
+    _, out_dir, _, options = calls[-1]
+    assert calls[-1][0].steps == 10 and options["only"] == ["base", "A-h1"]
+    assert str(out_dir).startswith(f"runs/variations-{DEFAULT_BASE}-") and str(out_dir) != f"runs/variations-{DEFAULT_BASE}"
+    names = {options["results"].name}
+    assert main(["variations", "--seeds", "2", "--results", str(tmp_path)]) == 0
+    assert calls[-1][1] == calls[0][1] and calls[-1][3]["results"].name not in names | {calls[0][3]["results"].name}
+    assert main(["variations", "--base", "multi30k-cpu", "--results", str(tmp_path)]) == 0
+    assert str(calls[-1][1]) == "runs/variations-multi30k-cpu"
+    assert calls[-1][3]["results"].name.startswith("variations-multi30k-cpu-")
+    assert "not every row is done yet" in capsys.readouterr().out

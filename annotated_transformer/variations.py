@@ -67,28 +67,29 @@ class Variation:
 def table3_rows(base: Recipe, seeds: int = 3) -> list[Variation]:
     """The rows of Table 3 around the model of the recipe `base`, one change at a time, as the paper varies its base.
 
-    base: the base itself with `seeds` seeds, its own and the next ones (the noise every other row is read against). (A) 1, 4, 8 and 16 heads
-    other than the base's, where d_model divides, at constant computation (d_k = d_v = d_model / h); (B) d_k halved
-    and quartered (values keep d_model / h); (C) half and twice the layers, d_model (heads kept, so d_k follows)
-    and d_ff; (D) dropout 0 and 0.2, label smoothing 0 and 0.2; (E) learned positional embeddings.
+    base: the base itself with `seeds` seeds, its own and the next ones (the noise every other row is read
+    against). (A) 1, 4, 8 and 16 heads other than the base's, where d_model divides, at constant computation
+    (d_k = d_v = d_model / h); (B) d_k halved and quartered (values keep d_model / h); (C) half and twice the
+    layers, d_model (heads kept, so d_k follows) and d_ff; (D) dropout 0 and 0.2, label smoothing 0 and 0.2;
+    (E) learned positional embeddings.
     """
     if seeds < 1:
         raise ValueError(f"seeds must be at least 1, got {seeds}")
-    seed, base = base.seed, base.model
-    d_k = base.d_k or base.d_model // base.h
-    reset = (("d_k", None),) if base.d_k else ()  # rows (A) and (C) keep d_k = d_model / h
+    seed, config = base.seed, base.model
+    d_k = config.d_k or config.d_model // config.h
+    reset = (("d_k", None),) if config.d_k else ()  # rows (A) and (C) keep d_k = d_model / h
     rows = [Variation("base", "base" if s == 0 else f"base-seed{seed + s}", (("seed", seed + s),) if s else ())
             for s in range(seeds)]
     rows += [Variation("A", f"A-h{h}", (("h", h), *reset)) for h in (1, 4, 8, 16)
-             if h != base.h and base.d_model % h == 0]
+             if h != config.h and config.d_model % h == 0]
     rows += [Variation("B", f"B-dk{k}", (("d_k", k),)) for k in (d_k // 2, d_k // 4) if k >= 1]
-    rows += [Variation("C", f"C-N{n}", (("N", n),)) for n in sorted({max(1, base.N // 2), 2 * base.N} - {base.N})]
-    rows += [Variation("C", f"C-d{d}", (("d_model", d), *reset)) for d in (base.d_model // 2, 2 * base.d_model)
-             if d % base.h == 0 and d % 2 == 0]
-    rows += [Variation("C", f"C-ff{f}", (("d_ff", f),)) for f in (base.d_ff // 2, 2 * base.d_ff) if f >= 1]
-    rows += [Variation("D", f"D-dropout{p}", (("dropout", p),)) for p in (0.0, 0.2) if p != base.dropout]
-    rows += [Variation("D", f"D-ls{e}", (("label_smoothing", e),)) for e in (0.0, 0.2) if e != base.label_smoothing]
-    if base.positional == "sinusoidal":
+    rows += [Variation("C", f"C-N{n}", (("N", n),)) for n in sorted({max(1, config.N // 2), 2 * config.N} - {config.N})]
+    rows += [Variation("C", f"C-d{d}", (("d_model", d), *reset)) for d in (config.d_model // 2, 2 * config.d_model)
+             if d % config.h == 0 and d % 2 == 0]
+    rows += [Variation("C", f"C-ff{f}", (("d_ff", f),)) for f in (config.d_ff // 2, 2 * config.d_ff) if f >= 1]
+    rows += [Variation("D", f"D-dropout{p}", (("dropout", p),)) for p in (0.0, 0.2) if p != config.dropout]
+    rows += [Variation("D", f"D-ls{e}", (("label_smoothing", e),)) for e in (0.0, 0.2) if e != config.label_smoothing]
+    if config.positional == "sinusoidal":
         rows.append(Variation("E", "E-learned", (("positional", "learned"),)))
     return rows
 

@@ -130,15 +130,22 @@ def test_narrower_keys_than_values_are_the_paper_formula_on_both_paths():
     fast = MultiHeadedAttention(4, 32, dropout=0.0, d_k=3).double().eval()
     slow = MultiHeadedAttention(4, 32, dropout=0.0, explicit=True, d_k=3).double().eval()
     slow.load_state_dict(fast.state_dict())
-    assert (fast.d_k, fast.d_v, fast.w_q.out_features, fast.w_k.out_features, fast.w_v.out_features) == (3, 8, 12, 12, 32)
+    assert (fast.d_k, fast.d_v, fast.w_q.out_features, fast.w_k.out_features, fast.w_v.out_features) == (
+        3,
+        8,
+        12,
+        12,
+        32,
+    )
     q, kv = torch.randn(2, 5, 32, dtype=torch.float64), torch.randn(2, 7, 32, dtype=torch.float64)
     mask = masks()["padding"]
     heads = []
     for i in range(4):
         k_rows, v_rows = slice(3 * i, 3 * (i + 1)), slice(8 * i, 8 * (i + 1))
         project = lambda lin, x, rows: x @ lin.weight[rows].T + lin.bias[rows]
-        head, _ = attention(project(fast.w_q, q, k_rows), project(fast.w_k, kv, k_rows), project(fast.w_v, kv, v_rows),
-                            mask)
+        head, _ = attention(
+            project(fast.w_q, q, k_rows), project(fast.w_k, kv, k_rows), project(fast.w_v, kv, v_rows), mask
+        )
         heads.append(head)
     expected = torch.cat(heads, dim=-1) @ fast.w_o.weight.T + fast.w_o.bias
     torch.testing.assert_close(fast(q, kv, kv, mask), expected, rtol=1e-10, atol=1e-12)

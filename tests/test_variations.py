@@ -14,8 +14,14 @@ from annotated_transformer.model import TransformerConfig, make_model
 from annotated_transformer.runs import RECIPES
 from annotated_transformer.training import Batch, train
 from annotated_transformer.translation import beam_search, greedy_search
-from annotated_transformer.variations import (DEFAULT_BASE, PAPER_TABLE3, Variation, run_variations, table3_rows,
-                                              variations_table)
+from annotated_transformer.variations import (
+    DEFAULT_BASE,
+    PAPER_TABLE3,
+    Variation,
+    run_variations,
+    table3_rows,
+    variations_table,
+)
 
 BASE = RECIPES[DEFAULT_BASE]
 
@@ -27,12 +33,33 @@ def parameters(config: TransformerConfig, vocab: int = 100) -> int:
 
 def test_the_rows_of_the_books_base():
     assert [r.name for r in table3_rows(BASE)] == [
-        "base", "base-seed1", "base-seed2", "A-h1", "A-h8", "A-h16", "B-dk16", "B-dk8", "C-N1", "C-N4", "C-d64",
-        "C-d256", "C-ff128", "C-ff512", "D-dropout0.0", "D-dropout0.2", "D-ls0.0", "D-ls0.2", "E-learned"]
+        "base",
+        "base-seed1",
+        "base-seed2",
+        "A-h1",
+        "A-h8",
+        "A-h16",
+        "B-dk16",
+        "B-dk8",
+        "C-N1",
+        "C-N4",
+        "C-d64",
+        "C-d256",
+        "C-ff128",
+        "C-ff512",
+        "D-dropout0.0",
+        "D-dropout0.2",
+        "D-ls0.0",
+        "D-ls0.2",
+        "E-learned",
+    ]
 
 
-@pytest.mark.parametrize("base", [BASE.model, TransformerConfig(), TransformerConfig(d_model=64, h=4, d_k=8)],
-                         ids=["books-base", "papers-base", "base-with-d_k"])
+@pytest.mark.parametrize(
+    "base",
+    [BASE.model, TransformerConfig(), TransformerConfig(d_model=64, h=4, d_k=8)],
+    ids=["books-base", "papers-base", "base-with-d_k"],
+)
 @pytest.mark.parametrize("seed", [0, 7])
 def test_each_row_changes_one_thing_and_row_a_keeps_the_computation(base, seed):
     recipe = BASE.replace(**dataclasses.asdict(base), seed=seed)
@@ -45,7 +72,9 @@ def test_each_row_changes_one_thing_and_row_a_keeps_the_computation(base, seed):
         if row.row == "base":
             assert changed == set() and row.name == ("base" if varied.seed == seed else f"base-seed{varied.seed}")
             continue
-        assert varied.seed == seed and (len(changed - {"d_k"}) == 1 or changed == {"d_k"} == {k for k, _ in row.changes}), row
+        assert varied.seed == seed and (
+            len(changed - {"d_k"}) == 1 or changed == {"d_k"} == {k for k, _ in row.changes}
+        ), row
         if row.row == "A":  # other heads, d_k = d_v = d_model / h: the same projections, split otherwise
             assert varied.model.h != base.h and varied.model.d_k is None
             assert parameters(varied.model) == parameters(dataclasses.replace(base, d_k=None))
@@ -59,8 +88,13 @@ def test_seeds_and_the_papers_table():
     assert [r.name for r in table3_rows(BASE, seeds=1)][:2] == ["base", "A-h1"]
     with pytest.raises(ValueError, match="seeds must be at least 1"):
         table3_rows(BASE, seeds=0)
-    assert len(PAPER_TABLE3) == 20 and PAPER_TABLE3[0] == {"row": "base", "changes": {}, "dev_ppl": 4.92,
-                                                             "dev_bleu": 25.8, "params_m": 65}
+    assert len(PAPER_TABLE3) == 20 and PAPER_TABLE3[0] == {
+        "row": "base",
+        "changes": {},
+        "dev_ppl": 4.92,
+        "dev_bleu": 25.8,
+        "params_m": 65,
+    }
     assert {r["row"] for r in PAPER_TABLE3} == {"base", "A", "B", "C", "D", "E", "big"}
     assert all(r["changes"]["h"] * r["changes"]["d_k"] == 512 for r in PAPER_TABLE3 if r["row"] == "A")
 
@@ -76,7 +110,9 @@ def test_a_model_with_narrower_keys_decodes_the_same_on_every_path():
         assert isinstance(model.encoder.layers[0].self_attn, FusedMultiHeadedAttention) is fast
         outputs[fast] = model(batch.src, batch.tgt_in, batch.src_mask, batch.tgt_mask)
     torch.testing.assert_close(outputs[True], outputs[False], rtol=1e-5, atol=1e-5)
-    assert greedy_search(model, src, batch.src_mask, cache=True) == greedy_search(model, src, batch.src_mask, cache=False)
+    assert greedy_search(model, src, batch.src_mask, cache=True) == greedy_search(
+        model, src, batch.src_mask, cache=False
+    )
     cached, uncached = (beam_search(model, src, batch.src_mask, beam_size=3, cache=c) for c in (True, False))
     assert [h.tokens for h in cached] == [h.tokens for h in uncached]
 
@@ -89,8 +125,18 @@ def test_a_configuration_refuses_a_d_k_that_is_no_positive_integer(d_k):
 
 @needs_mirror
 def test_the_rows_resume_without_training_a_scored_row_again(tmp_path, cache):
-    base = BASE.replace(N=1, d_model=32, d_ff=64, max_len=64, steps=6, warmup=3, eval_every=3, checkpoint_every=3,
-                        keep_checkpoints=2, average_checkpoints=2)
+    base = BASE.replace(
+        N=1,
+        d_model=32,
+        d_ff=64,
+        max_len=64,
+        steps=6,
+        warmup=3,
+        eval_every=3,
+        checkpoint_every=3,
+        keep_checkpoints=2,
+        average_checkpoints=2,
+    )
     rows = [Variation("base", "base"), Variation("D", "D-ls0.0", (("label_smoothing", 0.0),))]
     out, results = tmp_path / "runs", tmp_path / "results" / "variations.json"
     train(rows[1].recipe(base), out / "D-ls0.0", stop_after=3, progress=False)  # a row interrupted after 3 updates
@@ -142,16 +188,22 @@ def test_the_command_trains_into_one_folder_per_row_and_names_the_results_by_dev
 
     monkeypatch.setattr(variations, "run_variations", stand_in)
     assert main(["variations", "--results", str(tmp_path), "--threads", "1"]) == 0
-    (base, out_dir, names, options), = calls
-    assert base == BASE and str(out_dir) == f"runs/variations-{DEFAULT_BASE}" and names[:4] == ["base", "base-seed1",
-                                                                                                "base-seed2", "A-h1"]
+    ((base, out_dir, names, options),) = calls
+    assert (
+        base == BASE
+        and str(out_dir) == f"runs/variations-{DEFAULT_BASE}"
+        and names[:4] == ["base", "base-seed1", "base-seed2", "A-h1"]
+    )
     assert options["results"].parent == tmp_path and options["results"].name.startswith("variations-")
     assert f"variations-{DEFAULT_BASE}-" not in options["results"].name
     # other settings (also after --only) or seeds: another folder and another results file, named by a digest
     assert main(["variations", "--only", "base", "A-h1", "steps=10", "--results", str(tmp_path)]) == 0
     _, out_dir, _, options = calls[-1]
     assert calls[-1][0].steps == 10 and options["only"] == ["base", "A-h1"]
-    assert str(out_dir).startswith(f"runs/variations-{DEFAULT_BASE}-") and str(out_dir) != f"runs/variations-{DEFAULT_BASE}"
+    assert (
+        str(out_dir).startswith(f"runs/variations-{DEFAULT_BASE}-")
+        and str(out_dir) != f"runs/variations-{DEFAULT_BASE}"
+    )
     names = {options["results"].name}
     assert main(["variations", "--seeds", "2", "--results", str(tmp_path)]) == 0
     assert calls[-1][1] == calls[0][1] and calls[-1][3]["results"].name not in names | {calls[0][3]["results"].name}

@@ -57,7 +57,7 @@ _MODULES = {  # module: the public names it exports through the package
         "length_penalty",
     ],
     "variations": ["PAPER_TABLE3", "Variation", "run_variations", "score_run", "table3_rows", "variations_table"],
-    "charts": ["chart_html", "use_book_charts", "vendor_javascript"],
+    "charts": ["chart_html", "markdown_table", "use_book_charts", "vendor_javascript"],
     "bench": [
         "bench_table",
         "bench_training",

@@ -4,7 +4,7 @@
 
 # %% auto #0
 __all__ = ['JS_ASSETS', 'CHART_SCRIPTS', 'NPM_REGISTRY', 'CDN', 'vendor_javascript', 'chart_html', 'book_renderer',
-           'use_book_charts', 'svg_text', 'svg_box', 'svg_arrow', 'svg_figure']
+           'use_book_charts', 'svg_text', 'svg_box', 'svg_arrow', 'svg_figure', 'markdown_table']
 
 # %% ../book/a5_book_tools.ipynb #d94fdced
 import hashlib
@@ -216,3 +216,13 @@ def svg_figure(width, height, parts, title):
 
     return SVG(f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
                f'viewBox="0 0 {width} {height}">{body}</svg>')
+
+# %% ../book/a5_book_tools.ipynb #87182c22
+def markdown_table(rows: list[dict]):
+    """Rows of equal keys as a Markdown table (an `IPython.display.Markdown`), shown as a table by Jupyter and by the
+    book; floats with 2 decimals."""
+    from IPython.display import Markdown
+
+    lines = ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
+    lines += ["| " + " | ".join(f"{v:.2f}" if isinstance(v, float) else str(v) for v in row.values()) + " |" for row in rows]
+    return Markdown("\n".join(lines))

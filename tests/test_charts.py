@@ -134,3 +134,10 @@ def test_vendor_refuses_a_tarball_that_does_not_match_its_checksum(tmp_path, reg
 def test_vendor_explains_an_unreachable_registry(tmp_path, registry):
     with pytest.raises(RuntimeError, match="could not download"):
         vendor_javascript(tmp_path / "vendor", (tmp_path / "nowhere").as_uri(), quiet=True)
+
+
+def test_markdown_table_is_a_table_with_a_row_per_dict():
+    from annotated_transformer.charts import markdown_table
+
+    table = markdown_table([{"heads": 1, "BLEU": 21.4213}, {"heads": 8, "BLEU": 19.6}]).data.splitlines()
+    assert table == ["| heads | BLEU |", "|---|---|", "| 1 | 21.42 |", "| 8 | 19.60 |"]

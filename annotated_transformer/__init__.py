@@ -84,6 +84,7 @@ _MODULES = {  # module: the public names it exports through the package
         "clean_pairs",
         "evaluate_wmt14",
         "load_wmt14_test",
+        "multi30k_subwords",
         "prepare_wmt14",
         "tokenized_bleu",
     ],

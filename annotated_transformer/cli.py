@@ -358,7 +358,7 @@ def _decoding_options(parser: argparse.ArgumentParser) -> None:
 def _resolve_checkpoints(paths: list[Path], average: int | None) -> tuple[list[Path], Path | None]:
     """The checkpoint files to load, and the run directory they belong to (None when they are loose files). A run
     holding fewer checkpoints than asked for gives those it holds, with a warning."""
-    from annotated_transformer.translation import checkpoints_to_average
+    from annotated_transformer.runs import checkpoints_to_average
 
     if len(paths) == 1 and paths[0].is_dir():
         run_dir, asked = paths[0], f"--average {average}"
@@ -455,11 +455,11 @@ def _add_evaluate(commands) -> None:
 def _evaluate(args) -> dict:
     "Run `evaluate`: translate the test set, print the scores and record them with the run; returns them."
     from annotated_transformer.translation import Translator, evaluate_translator
-    from annotated_transformer.wmt import SubwordTranslator, evaluate_wmt14
+    from annotated_transformer.wmt import evaluate_wmt14
 
     paths, run_dir = _resolve_checkpoints(args.checkpoint, args.average)
     translator = Translator.from_checkpoint(*paths, device=_device(args.device))
-    if isinstance(translator, SubwordTranslator):  # a WMT14 model: newstest2014, full and filtered
+    if translator.dataset == "wmt14":  # a WMT14 model: newstest2014, full and filtered
         evaluation = evaluate_wmt14(translator, args.beam_size, args.alpha, args.extra_len)
         report = (
             f"newstest2014, sacreBLEU: {evaluation['bleu_full']} (wmt14/full, 3003 lines), "
@@ -522,7 +522,7 @@ def _bench(args) -> dict:
         if args.checkpoint is None and not Path("runs/multi30k-cpu").exists():
             raise UsageError(
                 "the translation benchmark needs a trained Multi30k translator: train one with "
-                "`annotated-transformer train multi30k-cpu` (about 27 minutes on 2 CPU cores), pass "
+                "`annotated-transformer train multi30k-cpu` (about 25 minutes on 2 CPU cores), pass "
                 "--checkpoint, or measure training only with --no-translation"
             )
         checkpoint, _ = _resolve_checkpoints(args.checkpoint or [Path("runs/multi30k-cpu")], None)

@@ -389,7 +389,7 @@ def plot_metrics(run_dir, ax=None):
 # %% ../book/06_training.ipynb #ff02bb07
 # The modules whose source decides what a run computes: a change to any of them trains anew.
 _RUN_MODULES = ("attention", "multi_head", "layers", "encoding", "model", "data", "runs", "distributed", "training",
-                "translation")
+                "translation", "wmt")  # wmt: the subword vocabularies
 
 
 def cached_run(recipe: Recipe, *, device=None, progress: bool = True) -> Path:

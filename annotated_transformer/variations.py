@@ -15,9 +15,10 @@ from pathlib import Path
 
 import torch
 
-from .runs import Recipe, check_device, commit, device_name, load_task, read_json, write_json
+from .runs import (Recipe, check_device, checkpoints_to_average, commit, device_name, load_task,
+                                        read_json, write_json)
 from .training import train, validation_loss
-from .translation import Translator, checkpoints_to_average, evaluate_translator
+from .translation import Translator, evaluate_translator
 
 # %% ../book/08_variations.ipynb #88ab0c7c
 # Table 3 of the paper: English-German, newstest2013, beam search without checkpoint averaging. Each row lists what
@@ -102,7 +103,7 @@ def score_run(recipe: Recipe, run_dir, average: int = 1, device=None) -> dict:
     paths = checkpoints_to_average(run_dir, average)
     translator = Translator.from_checkpoint(*paths, device=device)
     task = load_task(recipe)  # the validation pairs as token ids, by the rule that built the run's vocabulary
-    if [translator.src_vocab.itos, translator.tgt_vocab.itos] != [task.vocab["src"], task.vocab["tgt"]]:
+    if translator.vocab != task.vocab:
         raise ValueError(f"{run_dir}: the run's vocabulary differs from the one its recipe builds from the data today")
     loss = validation_loss(translator.model, task.valid, recipe.max_tokens, device)
     scores = evaluate_translator(translator, "valid")
@@ -138,7 +139,7 @@ def run_variations(base: Recipe, out_dir, rows: list[Variation] | None = None, *
     for variation in rows:
         recipe, run_dir = variation.recipe(base), Path(out_dir) / variation.name
         scored = run_dir / "variation.json"
-        if scored.exists() and (entry := read_json(scored)).get("settings") == recipe.to_dict():
+        if scored.exists() and not recipe.differences((entry := read_json(scored)).get("settings", {})):
             if (trained_on := read_json(run_dir / "summary.json")["device"]) != str(device):
                 raise ValueError(f"{run_dir} was trained on {trained_on}, not on {device}: a table is of one device; "
                                  "give this one another folder (--out)")

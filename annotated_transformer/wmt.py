@@ -4,13 +4,14 @@
 
 # %% auto #0
 __all__ = ['WMT14_URL', 'WMT14_CORPORA', 'WMT14_TEXT_FILES', 'NEWSTEST2014_FILTERED', 'WMT14_TERMS', 'WMT14_TEST_SETS',
-           'wmt14_file', 'load_wmt14_test', 'read_corpus', 'clean_pairs', 'length_filter', 'Subwords', 'TokenData',
-           'prepared_folder', 'prepare_wmt14', 'read_manifest', 'SubwordTranslator', 'wmt14_data', 'tokenized_bleu',
-           'evaluate_wmt14']
+           'wmt14_file', 'load_wmt14_test', 'read_corpus', 'clean_pairs', 'length_filter', 'Subwords',
+           'multi30k_subwords', 'TokenData', 'prepared_folder', 'prepare_wmt14', 'read_manifest', 'SubwordTranslator',
+           'wmt14_data', 'tokenized_bleu', 'evaluate_wmt14']
 
 # %% ../book/11_scaling_wmt.ipynb #e68b7502
 import array
 import contextlib
+import functools
 import gzip
 import hashlib
 import io
@@ -29,12 +30,12 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from .data import (DataError, data_dir, fetch, file_sha256, iter_lines, read_lines,
+from .data import (DataError, data_dir, fetch, file_sha256, iter_lines, load_multi30k, read_lines,
                                         read_parallel, show_terms)
 from .model import EncoderDecoder
 from .runs import Recipe, atomic_file, write_json
 from .training import BOS, EOS, PAD, Task
-from .translation import (ALPHA, BEAM_SIZE, EXTRA_LEN, UNK, Translator, corpus_scores,
+from .translation import (ALPHA, BEAM_SIZE, EXTRA_LEN, SPECIALS, UNK, Translator, corpus_scores,
                                                decoding_variant)
 
 # %% ../book/11_scaling_wmt.ipynb #294221ff
@@ -284,6 +285,14 @@ class Subwords:
         return self.processor.decode(list(ids))
 
 
+@functools.lru_cache(maxsize=2)
+def multi30k_subwords(size: int) -> Subwords:
+    """One vocabulary of `size` subwords for German and English, learned from Multi30k's training split (its German
+    sentences, then its English ones, whitespace normalised): the same for both directions (`Recipe.subwords`)."""
+    train = load_multi30k("train", "de-en")
+    return Subwords.train([" ".join(s.split()) for s in [de for de, _ in train] + [en for _, en in train]], size)
+
+
 @contextlib.contextmanager
 def _quiet_stderr():
     "Silence what C++ code writes to the process's standard error (file descriptor 2) for a while."
@@ -425,9 +434,9 @@ class SubwordTranslator(Translator):
 
     def __init__(self, model: EncoderDecoder, vocab: dict, device="cpu", batch_size: int = 64):
         if vocab.get("kind") != "sentencepiece":
-            raise ValueError("SubwordTranslator needs a checkpoint with a SentencePiece model (such as wmt14's)")
+            raise ValueError("SubwordTranslator needs a checkpoint with a SentencePiece model (wmt14's, or a recipe's with subwords)")
         self.model, self.device, self.batch_size = model.eval(), torch.device(device), batch_size
-        self.direction = vocab["direction"]
+        self.vocab, self.dataset, self.direction = vocab, vocab.get("dataset"), vocab["direction"]
         self.src_lang, self.tgt_lang = self.direction.split("-")
         self.subwords = Subwords(vocab["model"])
 
@@ -436,13 +445,20 @@ class SubwordTranslator(Translator):
         reads a control symbol from text: `<s>` typed in a sentence is spelled in pieces, like any other text."""
         return self.subwords.encode([" ".join(s.split()) for s in sentences])
 
+    def target_ids(self, sentences: list[str]) -> list[list[int]]:
+        "The subword ids of each sentence, whitespace normalised as on the source side."
+        return self.subwords.encode([" ".join(s.split()) for s in sentences])
+
     def decode(self, ids: list[int]) -> str:
         "The text of target subword ids."
         return self.subwords.decode(ids)
 
-    def token_texts(self) -> list[str]:
-        "The text of each subword id on its own: a byte piece gives its byte where that byte is a character alone."
-        return [self.subwords.decode([i]) for i in range(len(self.subwords))]
+    def token_texts(self, source: bool = False) -> list[str]:
+        """The text of each subword id on its own, on either side (one vocabulary): the piece as SentencePiece writes
+        it (▁ marks a space before it), the special symbols by name, and a byte piece its byte where that byte is a
+        character alone (so that `banned` finds the pieces that break a line)."""
+        p = self.subwords.processor
+        return [*SPECIALS, *(p.decode([i]) if p.is_byte(i) else p.id_to_piece(i) for i in range(len(SPECIALS), len(p)))]
 
 
 

@@ -47,10 +47,9 @@ def single_threaded_env():
     return {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
-@pytest.fixture(scope="session")
-def tiny_run(tmp_path_factory):
-    """A Multi30k translator trained for seconds (one layer of width 32, 40 updates, 3 checkpoints kept): the
-    translation and benchmark tests share it. Returns (run directory, summary)."""
+def _tiny_multi30k(tmp_path_factory, **settings):
+    """`multi30k-cpu` trained for seconds (one layer of width 32, 40 updates, 3 checkpoints kept), with `settings`
+    changed. Returns (run directory, summary)."""
     from annotated_transformer.runs import RECIPES
     from annotated_transformer.training import train
 
@@ -67,6 +66,21 @@ def tiny_run(tmp_path_factory):
         checkpoint_every=10,
         keep_checkpoints=3,
         average_checkpoints=3,
+        **settings,
     )
     summary = train(recipe, run_dir, progress=False)
     return run_dir, summary
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory):
+    """A Multi30k translator of word vocabularies (words seen twice), trained for seconds: the translation tests
+    and the bench command's test share it. Returns (run directory, summary)."""
+    return _tiny_multi30k(tmp_path_factory, subwords=None, min_freq=2)
+
+
+@pytest.fixture(scope="session")
+def tiny_subword_run(tmp_path_factory):
+    """A Multi30k translator of the CPU recipe's shared subword vocabulary, trained for seconds: the subword and
+    benchmark tests share it. Returns (run directory, summary)."""
+    return _tiny_multi30k(tmp_path_factory)

@@ -16,7 +16,7 @@ from annotated_transformer import (
     make_optimizer,
     subsequent_mask,
 )
-from annotated_transformer.runs import device_slug
+from annotated_transformer.runs import RECIPES, device_slug
 from annotated_transformer.bench import (
     FusedMultiHeadedAttention,
     PeakMemory,
@@ -373,8 +373,8 @@ def test_traced_calls_attribute_calls_by_name():
 
 
 @pytest.mark.slow
-def test_the_whole_benchmark_writes_results_and_a_table(tiny_run, tmp_path):
-    checkpoint = sorted((tiny_run[0] / "checkpoints").glob("*.pt"))
+def test_the_whole_benchmark_writes_results_and_a_table(tiny_subword_run, tmp_path):
+    checkpoint = sorted((tiny_subword_run[0] / "checkpoints").glob("*.pt"))
     lines = []
     result = run_benchmark(
         device="cpu",
@@ -389,6 +389,8 @@ def test_the_whole_benchmark_writes_results_and_a_table(tiny_run, tmp_path):
     assert [r["path"] for r in result["training"]] == ["straightforward", "fast"]
     assert result["training"][0]["speedup"] == 1.0 and "compile" in result
     assert len(result["translation"]) == 8 and all(r["same_as_other_path"] == 1.0 for r in result["translation"])
+    vocab = RECIPES["multi30k-cpu"].subwords  # one shared vocabulary
+    assert (result["translation_model"]["src_vocab"], result["translation_model"]["tgt_vocab"]) == (vocab, vocab)
     for r in result["translation"]:
         other = next(
             o

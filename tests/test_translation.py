@@ -35,6 +35,7 @@ from annotated_transformer.translation import (
     BEAM_SIZE,
     EXTRA_LEN,
     SPECIALS,
+    UNK,
     IncrementalDecoder,
     Translator,
     Vocab,
@@ -47,6 +48,7 @@ from annotated_transformer.translation import (
     greedy_search,
     length_penalty,
 )
+from annotated_transformer.wmt import SubwordTranslator, Subwords
 
 
 def gz(path: Path, lines: list[str]) -> Path:
@@ -191,7 +193,7 @@ def test_tokenizer_round_trip_and_the_task_vocabulary_comes_from_training_data_o
     tokens = english(["A t-shirt - and a well-known dog-"])[0]
     assert tokens == ["A", "t", "@-@", "shirt", "-", "and", "a", "well", "@-@", "known", "dog-"]
     assert english.detokenize(tokens) == "A t-shirt - and a well-known dog-"
-    task = load_task(RECIPES["multi30k-cpu"])  # min_freq=2
+    task = load_task(RECIPES["multi30k-tiny"])  # words seen at least twice (min_freq=2)
     # The English training split has 10,833 distinct tokens, 6,187 of them seen at least twice; a vocabulary that
     # had seen the test set would be larger, and would hold words found only there (Barcelona, Corazon, Dali).
     assert len(task.vocab["tgt"]) == 4 + 6_187
@@ -202,7 +204,7 @@ def test_tokenizer_round_trip_and_the_task_vocabulary_comes_from_training_data_o
 
 
 def test_the_other_direction_swaps_the_sides():
-    de_en, en_de = load_task(RECIPES["multi30k-cpu"]), load_task(RECIPES["multi30k-cpu"].replace(direction="en-de"))
+    de_en, en_de = load_task(RECIPES["multi30k-tiny"]), load_task(RECIPES["multi30k-tiny"].replace(direction="en-de"))
     assert en_de.vocab["direction"] == "en-de"
     assert en_de.vocab["src"] == de_en.vocab["tgt"] and en_de.vocab["tgt"] == de_en.vocab["src"]
     assert en_de.train[0][0][:-1] == de_en.train[0][1][1:-1] and en_de.src_vocab == de_en.tgt_vocab
@@ -500,6 +502,48 @@ def test_training_on_multi30k_records_vocabularies_and_a_validation_bleu(tiny_ru
     assert summary["finished"] and "valid_greedy_bleu" in summary and "case:mixed" in summary["bleu_signature"]
     translator = Translator.from_checkpoint(*sorted((run_dir / "checkpoints").glob("*.pt")))  # averaged
     assert translator.direction == "de-en" and len(translator.tgt_vocab) > 1000
+
+
+def test_subwords_must_be_a_positive_number_of_pieces_or_none():
+    for bad in (0, -8000, 2.5, True, "8000"):
+        with pytest.raises(ValueError, match="subwords must be a positive integer or None"):
+            RECIPES["multi30k-cpu"].replace(subwords=bad)
+    assert RECIPES["multi30k-tiny"].subwords is None and RECIPES["multi30k-tiny"].replace(subwords=500).subwords == 500
+
+
+def test_multi30k_with_subwords_is_one_vocabulary_for_both_languages_and_directions():
+    recipe = RECIPES["multi30k-cpu"]
+    de_en, en_de = load_task(recipe), load_task(recipe.replace(direction="en-de"))
+    assert de_en.vocab["kind"] == "sentencepiece" and de_en.vocab["dataset"] == "multi30k"
+    assert de_en.vocab["model"] == en_de.vocab["model"] and de_en.src_vocab == de_en.tgt_vocab == recipe.subwords
+    subwords = Subwords(de_en.vocab["model"])
+    german, english = load_multi30k("valid")[0]
+    source, target = de_en.valid[0]
+    assert source == subwords.encode([german])[0] + [EOS] and target == [BOS] + subwords.encode([english])[0] + [EOS]
+    assert en_de.valid[0] == (target[1:], [BOS] + source)  # the same ids, the sides swapped
+    assert len(de_en.train) == 29_000 and not any(UNK in s or UNK in t for s, t in de_en.train)  # byte fallback
+    model = make_model(de_en.src_vocab, de_en.tgt_vocab, recipe.model)  # one matrix for all three, §3.4
+    assert model.src_embed[0].lut.weight is model.tgt_embed[0].lut.weight is model.generator.proj.weight
+
+
+def test_a_subword_run_translates_and_is_evaluated_on_multi30k(tiny_subword_run, tmp_path, monkeypatch, capsys):
+    from annotated_transformer import translation
+    from annotated_transformer.cli import main
+
+    run_dir, summary = tiny_subword_run
+    assert summary["finished"] and "valid_greedy_bleu" in summary
+    translator = Translator.from_checkpoint(*sorted((run_dir / "checkpoints").glob("*.pt")))  # averaged
+    assert type(translator) is SubwordTranslator and translator.dataset == "multi30k"
+    assert translator.direction == "de-en" and len(translator.token_texts()) == RECIPES["multi30k-cpu"].subwords
+    assert translator.target_ids(["A  dog."]) == translator.subwords.encode(["A dog."])
+    out = translator.translate(["Ein Hund.", "", "Ein Zorblax!"], beam_size=2)
+    assert len(out) == 3 and out[1] == "" and all(isinstance(o, str) and "\n" not in o for o in out)
+    few = load_multi30k("valid")[:12]  # the command scores Multi30k (not newstest2014), here on 12 sentences
+    monkeypatch.setattr(translation, "load_multi30k", lambda split, direction: few)
+    assert main(["evaluate", "--checkpoint", str(run_dir), "--split", "valid", "--results", str(tmp_path)]) == 0
+    assert "tokenized, lowercased BLEU" in capsys.readouterr().out
+    result = json.loads((tmp_path / "multi30k-cpu-de-en-valid.json").read_text())
+    assert result["dataset"] == "multi30k" and result["split"] == "valid" and result["recipe_settings"]["subwords"]
 
 
 def test_translator_defines_empty_long_and_unknown_inputs(tiny_run):

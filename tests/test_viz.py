@@ -10,6 +10,7 @@ from annotated_transformer import MultiHeadedAttention, Translator, make_model
 from annotated_transformer.attention import subsequent_mask
 from annotated_transformer.training import BOS
 from annotated_transformer.translation import SPECIALS, decode_batches
+from annotated_transformer.wmt import SubwordTranslator, Subwords
 from annotated_transformer.viz import (
     KINDS,
     STATISTICS,
@@ -201,3 +202,21 @@ def test_head_statistics_chart_has_a_menu_of_measures(translator):
     (param,) = spec["params"]
     assert param["bind"]["options"] == [n for n in STATISTICS if n != "uniform_entropy"]
     assert {v["statistic"] for v in spec["data"]["values"]} == set(param["bind"]["options"])
+
+
+def test_capture_reads_a_subword_translators_pieces():
+    subwords = Subwords.train([" ".join(GERMAN), " ".join(ENGLISH)] * 20, 300)
+    torch.manual_seed(0)
+    model = make_model(len(subwords), len(subwords), N=1, d_model=32, d_ff=64, h=4)
+    vocab = {"kind": "sentencepiece", "dataset": "multi30k", "direction": "de-en", "model": subwords.model}
+    translator = SubwordTranslator(model, vocab, device="cpu", batch_size=2)
+    captured = capture_attention(translator, SOURCES, TARGETS)
+    texts = translator.token_texts()
+    assert texts[: len(SPECIALS)] == list(SPECIALS)
+    for i, (source, target) in enumerate(zip(SOURCES, TARGETS)):
+        assert captured.src_tokens[i][-1] == captured.tgt_tokens[i][-1] == "</s>"
+        # the labels are the pieces, ▁ marking a word's start: joined, they spell the sentence
+        assert "".join(captured.src_tokens[i][:-1]).replace("▁", " ").strip() == source
+        assert "".join(captured.tgt_tokens[i][:-1]).replace("▁", " ").strip() == target
+        rows = captured.pair(i)["cross"].sum(-1)  # each target position spreads its attention over the real pieces
+        torch.testing.assert_close(rows, torch.ones_like(rows))

@@ -160,6 +160,14 @@ def test_the_rows_resume_without_training_a_scored_row_again(tmp_path, cache):
     assert "averaged" not in table["rows"][1] and table["rows"][1]["checkpoints"] == ["step-000006.pt"]
     assert variations_table(table).splitlines()[2].startswith("D     label_smoothing=0.0")
 
+    # a row scored by a version without the `subwords` setting (its default, None) is read back, not scored again
+    scored = out / "base" / "variation.json"
+    older = json.loads(scored.read_text())
+    del older["settings"]["subwords"]
+    scored.write_text(json.dumps(older))
+    run_variations(base, out, rows, results=results, progress=False)
+    assert json.loads(scored.read_text()) == older
+
     with pytest.raises(ValueError, match="keeps its settings.*dropout"):  # another base is not this table
         run_variations(base.replace(dropout=0.3), out, rows, progress=False)
     with pytest.raises(ValueError, match="holds a run of 6 updates, not the 5 of this table.*--out"):

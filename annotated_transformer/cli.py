@@ -522,7 +522,7 @@ def _bench(args) -> dict:
         if args.checkpoint is None and not Path("runs/multi30k-cpu").exists():
             raise UsageError(
                 "the translation benchmark needs a trained Multi30k translator: train one with "
-                "`annotated-transformer train multi30k-cpu` (about 25 minutes on 2 CPU cores), pass "
+                "`annotated-transformer train multi30k-cpu` (about 20 minutes on 2 CPU cores), pass "
                 "--checkpoint, or measure training only with --no-translation"
             )
         checkpoint, _ = _resolve_checkpoints(args.checkpoint or [Path("runs/multi30k-cpu")], None)

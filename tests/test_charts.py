@@ -7,6 +7,7 @@ import json
 import re
 import tarfile
 from pathlib import Path
+from xml.etree import ElementTree
 
 import altair as alt
 import pytest
@@ -18,6 +19,7 @@ from annotated_transformer.charts import (
     JS_ASSETS,
     book_renderer,
     chart_html,
+    svg_text,
     use_book_charts,
     vendor_javascript,
 )
@@ -141,3 +143,21 @@ def test_markdown_table_is_a_table_with_a_row_per_dict():
 
     table = markdown_table([{"heads": 1, "BLEU": 21.4213}, {"heads": 8, "BLEU": 19.6}]).data.splitlines()
     assert table == ["| heads | BLEU |", "|---|---|", "| 1 | 21.42 |", "| 8 | 19.60 |"]
+
+
+def test_svg_text_sets_sub_and_superscripts_as_the_paper_does():
+    element = ElementTree.fromstring(svg_text(10, 20, "W^O and d_{model} < 2 & d_k", size=10, anchor="start"))
+    place = (element.tag, element.get("x"), element.get("y"), element.get("text-anchor"))
+    assert place == ("text", "10", "23.5", "start")  # y + 0.35 size: centred on y
+    spans = [(span.text, span.get("dy"), span.get("font-size")) for span in element]
+    assert spans == [
+        ("W", None, None),
+        ("O", "-6", "7.2"),
+        (" and d", "6", None),
+        ("model", "4", "7.2"),
+        (" < 2 & d", "-4", None),
+        ("k", "4", "7.2"),
+    ]
+    assert "".join(element.itertext()) == "WO and dmodel < 2 & dk"
+    plain = ElementTree.fromstring(svg_text(0, 0, "Add & Norm", bold=True))
+    assert [span.text for span in plain] == ["Add & Norm"] and plain.get("font-weight") == "bold"

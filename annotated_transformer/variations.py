@@ -71,8 +71,8 @@ def table3_rows(base: Recipe, seeds: int = 3) -> list[Variation]:
     base: the base itself with `seeds` seeds, its own and the next ones (the noise every other row is read
     against). (A) 1, 4, 8 and 16 heads other than the base's, where d_model divides, at constant computation
     (d_k = d_v = d_model / h); (B) d_k halved and quartered (values keep d_model / h); (C) half and twice the
-    layers, d_model (heads kept, so d_k follows) and d_ff; (D) dropout 0 and 0.2, label smoothing 0 and 0.2;
-    (E) learned positional embeddings.
+    layers, d_model (heads kept, so d_k follows) and d_ff; (D) dropout and label smoothing, each of 0, 0.1 and 0.2
+    other than the base's (the paper's 0 and 0.2 around its 0.1); (E) learned positional embeddings.
     """
     if seeds < 1:
         raise ValueError(f"seeds must be at least 1, got {seeds}")
@@ -88,8 +88,9 @@ def table3_rows(base: Recipe, seeds: int = 3) -> list[Variation]:
     rows += [Variation("C", f"C-d{d}", (("d_model", d), *reset)) for d in (config.d_model // 2, 2 * config.d_model)
              if d % config.h == 0 and d % 2 == 0]
     rows += [Variation("C", f"C-ff{f}", (("d_ff", f),)) for f in (config.d_ff // 2, 2 * config.d_ff) if f >= 1]
-    rows += [Variation("D", f"D-dropout{p}", (("dropout", p),)) for p in (0.0, 0.2) if p != config.dropout]
-    rows += [Variation("D", f"D-ls{e}", (("label_smoothing", e),)) for e in (0.0, 0.2) if e != config.label_smoothing]
+    rows += [Variation("D", f"D-dropout{p}", (("dropout", p),)) for p in (0.0, 0.1, 0.2) if p != config.dropout]
+    rows += [Variation("D", f"D-ls{e}", (("label_smoothing", e),)) for e in (0.0, 0.1, 0.2)
+             if e != config.label_smoothing]
     if config.positional == "sinusoidal":
         rows.append(Variation("E", "E-learned", (("positional", "learned"),)))
     return rows

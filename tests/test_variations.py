@@ -64,6 +64,11 @@ def test_row_d_takes_the_papers_values_other_than_the_bases():
         "D-ls0.0",
         "D-ls0.1",
     ]
+    assert [r.name for r in table3_rows(BASE.replace(dropout=0.3)) if r.row == "D"][:3] == [
+        "D-dropout0.0",
+        "D-dropout0.1",
+        "D-dropout0.2",
+    ]
 
 
 @pytest.mark.parametrize(

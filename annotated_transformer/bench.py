@@ -469,8 +469,8 @@ def run_benchmark(device=None, checkpoint=None, repeats: int = 3, updates: int |
     counts = sentences or ({1: 100, 64: 1000} if on_gpu else {1: 32, 64: 256})
     result["translation"] = _measure_translation(translator, device, counts, repeats, progress)
     result["translation_model"] = {"checkpoint": [str(p) for p in checkpoint], "config": translator.model.config.__dict__,
-                                   "tgt_vocab": len(translator.token_texts()),
-                                   "src_vocab": len(translator.token_texts(source=True))}
+                                   "tgt_vocab": len(translator.codec.token_texts()),
+                                   "src_vocab": len(translator.codec.token_texts(source=True))}
     return result
 
 # %% ../book/10_speed.ipynb #3341493a

@@ -75,7 +75,7 @@ def capture_attention(translator: Translator, sources: list[str], targets: list[
         if len(targets) != len(sources):
             raise ValueError(f"{len(sources)} sources but {len(targets)} targets: give one target per source")
         limit = translator.model.config.max_len - 1
-        tgt = [ids[:limit - 1] + [EOS] for ids in translator.target_ids(targets)]
+        tgt = [ids[:limit - 1] + [EOS] for ids in translator.codec.target_ids(targets)]
     model, was_training = translator.model, translator.model.training
     device = next(model.parameters()).device
     src_ids = pad_sequences(src).to(device)                                # (batch, S)
@@ -99,7 +99,7 @@ def capture_attention(translator: Translator, sources: list[str], targets: list[
     for module in model.modules():  # the model keeps no copy: the weights belong to the caller now
         if isinstance(module, MultiHeadedAttention):
             module.attn = None
-    src_texts, tgt_texts = translator.token_texts(source=True), translator.token_texts()
+    src_texts, tgt_texts = translator.codec.token_texts(source=True), translator.codec.token_texts()
     return CapturedAttention(weights, [[src_texts[i] for i in s] for s in src], [[tgt_texts[i] for i in t] for t in tgt])
 
 # %% ../book/09_attention_heads.ipynb #d1e26f4c

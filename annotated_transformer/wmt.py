@@ -4,14 +4,11 @@
 
 # %% auto #0
 __all__ = ['WMT14_URL', 'WMT14_CORPORA', 'WMT14_TEXT_FILES', 'NEWSTEST2014_FILTERED', 'WMT14_TERMS', 'WMT14_TEST_SETS',
-           'wmt14_file', 'load_wmt14_test', 'read_corpus', 'clean_pairs', 'length_filter', 'Subwords',
-           'multi30k_subwords', 'TokenData', 'prepared_folder', 'prepare_wmt14', 'read_manifest', 'SubwordTranslator',
-           'wmt14_data', 'tokenized_bleu', 'evaluate_wmt14']
+           'wmt14_file', 'load_wmt14_test', 'read_corpus', 'clean_pairs', 'length_filter', 'TokenData',
+           'prepared_folder', 'prepare_wmt14', 'read_manifest', 'wmt14_data', 'tokenized_bleu', 'evaluate_wmt14']
 
 # %% ../book/11_scaling_wmt.ipynb #e68b7502
 import array
-import contextlib
-import functools
 import gzip
 import hashlib
 import io
@@ -20,23 +17,20 @@ import json
 import os
 import random
 import re
-import sys
 import tarfile
 import time
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
-import torch
 from tqdm import tqdm
 
-from .data import (DataError, data_dir, fetch, file_sha256, iter_lines, load_multi30k, read_lines,
-                                        read_parallel, show_terms)
-from .model import EncoderDecoder
+from .data import (DataError, data_dir, fetch, file_sha256, iter_lines, read_lines, read_parallel,
+                                        show_terms)
 from .runs import Recipe, atomic_file, write_json
-from .training import BOS, EOS, PAD, Task
-from .translation import (ALPHA, BEAM_SIZE, EXTRA_LEN, SPECIALS, UNK, Translator, corpus_scores,
-                                               decoding_variant)
+from .runs import Task
+from .text import BOS, EOS, Subwords
+from .translation import ALPHA, BEAM_SIZE, EXTRA_LEN, Translator, corpus_scores, decoding_variant
 
 # %% ../book/11_scaling_wmt.ipynb #294221ff
 WMT14_URL = "https://www.statmt.org"
@@ -237,75 +231,6 @@ def length_filter(pairs, counts: Counter, max_len: int = 250, max_ratio: float =
         counts[reason] += 1
         counts["kept"] -= 1
 
-# %% ../book/11_scaling_wmt.ipynb #ac97b7a8
-class Subwords:
-    """A SentencePiece model (one for both languages) with the package's special ids: <pad> 0, <s> 1, </s> 2,
-    <unk> 3. `encode` turns sentences into lists of ids (no specials), `decode` ids back into text; made from the
-    model's bytes, which are what checkpoints store."""
-
-    def __init__(self, model: bytes):
-        import sentencepiece as spm
-
-        self.model = bytes(model)
-        self.processor = spm.SentencePieceProcessor(model_proto=self.model)
-        if [self.processor.pad_id(), self.processor.bos_id(), self.processor.eos_id(), self.processor.unk_id()] != [PAD, BOS, EOS, UNK]:
-            raise ValueError("this SentencePiece model's special ids are not <pad> 0, <s> 1, </s> 2, <unk> 3")
-
-    @classmethod
-    def train(cls, sentences, vocab_size: int, seed: int = 0) -> "Subwords":
-        """Learn a byte-pair-encoding model of `vocab_size` pieces from `sentences` (§5.1: "a shared source-target
-        vocabulary"). The rarest characters (0.05% of the text) get no piece of their own: byte fallback spells them.
-        The result depends only on the sentences."""
-        import sentencepiece as spm
-
-        model = io.BytesIO()
-        with _quiet_stderr():  # SentencePiece logs thousands of lines from C++
-            spm.SentencePieceTrainer.train(
-                sentence_iterator=iter(sentences), model_writer=model, model_type="bpe", vocab_size=vocab_size,
-                character_coverage=0.9995, byte_fallback=True, normalization_rule_name="identity",
-                remove_extra_whitespaces=False, pad_id=PAD, bos_id=BOS, eos_id=EOS, unk_id=3, pad_piece="<pad>",
-                bos_piece="<s>", eos_piece="</s>", unk_piece="<unk>", input_sentence_size=0, shuffle_input_sentence=False,
-                num_threads=1, max_sentence_length=1 << 16, minloglevel=2)
-        return cls(model.getvalue())
-
-    def __len__(self) -> int:
-        "The vocabulary size, special ids included."
-        return self.processor.get_piece_size()
-
-    def encode(self, sentences: list[str]) -> list[list[int]]:
-        "The ids of each sentence's pieces."
-        return self.processor.encode(list(sentences))
-
-    def pieces(self, sentence: str) -> list[str]:
-        "The pieces of one sentence, as text (▁ marks a space before the piece)."
-        return self.processor.encode(sentence, out_type=str)
-
-    def decode(self, ids: list[int]) -> str:
-        "The text of a list of piece ids: exactly the sentence they were encoded from."
-        return self.processor.decode(list(ids))
-
-
-@functools.lru_cache(maxsize=2)
-def multi30k_subwords(size: int) -> Subwords:
-    """One vocabulary of `size` subwords for German and English, learned from Multi30k's training split (its German
-    sentences, then its English ones, whitespace normalised): the same for both directions (`Recipe.subwords`)."""
-    train = load_multi30k("train", "de-en")
-    return Subwords.train([" ".join(s.split()) for s in [de for de, _ in train] + [en for _, en in train]], size)
-
-
-@contextlib.contextmanager
-def _quiet_stderr():
-    "Silence what C++ code writes to the process's standard error (file descriptor 2) for a while."
-    sys.stderr.flush()
-    saved = os.dup(2)
-    try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 2)
-            yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-
 # %% ../book/11_scaling_wmt.ipynb #cb33aff6
 class TokenData:
     """Sentence pairs of token ids kept on disk and memory-mapped: `<split>.src.bin` and `<split>.tgt.bin` hold all
@@ -429,39 +354,6 @@ def read_manifest(folder: Path) -> dict:
                         f"--out {folder}` (add --corpus sample for the 10,000-pair sample)") from None
 
 
-class SubwordTranslator(Translator):
-    "A `Translator` for models trained on SentencePiece subwords: the same beam search, other tokens."
-
-    def __init__(self, model: EncoderDecoder, vocab: dict, device="cpu", batch_size: int = 64):
-        if vocab.get("kind") != "sentencepiece":
-            raise ValueError("SubwordTranslator needs a checkpoint with a SentencePiece model (wmt14's, or a recipe's with subwords)")
-        self.model, self.device, self.batch_size = model.eval(), torch.device(device), batch_size
-        self.vocab, self.dataset, self.direction = vocab, vocab.get("dataset"), vocab["direction"]
-        self.src_lang, self.tgt_lang = self.direction.split("-")
-        self.subwords = Subwords(vocab["model"])
-
-    def source_ids(self, sentences: list[str]) -> list[list[int]]:
-        """The subword ids of each sentence, its whitespace normalised as in the training data. SentencePiece never
-        reads a control symbol from text: `<s>` typed in a sentence is spelled in pieces, like any other text."""
-        return self.subwords.encode([" ".join(s.split()) for s in sentences])
-
-    def target_ids(self, sentences: list[str]) -> list[list[int]]:
-        "The subword ids of each sentence, whitespace normalised as on the source side."
-        return self.subwords.encode([" ".join(s.split()) for s in sentences])
-
-    def decode(self, ids: list[int]) -> str:
-        "The text of target subword ids."
-        return self.subwords.decode(ids)
-
-    def token_texts(self, source: bool = False) -> list[str]:
-        """The text of each subword id on its own, on either side (one vocabulary): the piece as SentencePiece writes
-        it (▁ marks a space before it), the special symbols by name, and a byte piece its byte where that byte is a
-        character alone (so that `banned` finds the pieces that break a line)."""
-        p = self.subwords.processor
-        return [*SPECIALS, *(p.decode([i]) if p.is_byte(i) else p.id_to_piece(i) for i in range(len(SPECIALS), len(p)))]
-
-
-
 def wmt14_data(recipe: Recipe) -> Task:
     """The "wmt14" task: the prepared folder `recipe.data` (see `prepare_wmt14`) as memory-mapped `TokenData`, one
     shared vocabulary (so the embeddings and the output projection share one matrix, §3.4). The SentencePiece
@@ -477,7 +369,7 @@ def wmt14_data(recipe: Recipe) -> Task:
 
     def evaluate(model, device):
         pairs = load_wmt14_test("newstest2013", direction)
-        hypotheses = SubwordTranslator(model, vocab, device=device).translate([s for s, _ in pairs], beam_size=1)
+        hypotheses = Translator(model, vocab, device=device).translate([s for s, _ in pairs], beam_size=1)
         scores = corpus_scores(hypotheses, [t for _, t in pairs])
         return {"valid_greedy_bleu": scores["bleu"], "bleu_signature": scores["bleu_signature"]}
 

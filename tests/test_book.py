@@ -187,6 +187,26 @@ def test_paper_chapters_show_their_code_in_short_cells(chapter):
     assert not long, f"{chapter}: exported cells over 80 lines ({{cell index: lines}}): {long}"
 
 
+# Chapters still longer than a reader finishes in a sitting; each must come under the limit (issue 32), and the
+# mark fails as soon as one does, so that it is taken off.
+TOO_LONG_FOR_NOW = {"book/06_training", "book/10_speed", "book/11_scaling_wmt"}
+
+
+@pytest.mark.parametrize(
+    "chapter",
+    [
+        pytest.param(c, marks=pytest.mark.xfail(strict=True, reason="not yet shortened"))
+        if c in TOO_LONG_FOR_NOW
+        else c
+        for c in PAPER_CHAPTERS
+    ],
+)
+def test_paper_chapters_are_at_most_60000_characters(chapter):
+    "A chapter a reader finishes: at most 60,000 characters of prose and code (outputs aside)."
+    cells = nbformat.read(ROOT / f"{chapter}.ipynb", as_version=4).cells
+    assert sum(len(c.source) for c in cells if c.cell_type in ("markdown", "code")) <= 60_000
+
+
 @pytest.mark.parametrize("chapter", PAPER_CHAPTERS)
 def test_paper_chapters_are_read_as_prose(chapter):
     "At least 35% of a paper chapter's characters are prose (its Markdown cells), the rest code."

@@ -19,6 +19,7 @@ from annotated_transformer.charts import (
     JS_ASSETS,
     book_renderer,
     chart_html,
+    chart_png,
     svg_text,
     use_book_charts,
     vendor_javascript,
@@ -66,9 +67,37 @@ def test_altair_charts_render_through_the_book_renderer(restore_renderer):
     chart = alt.Chart(alt.Data(values=[{"a": 1}])).mark_bar().encode(x="a:Q")
     bundle = chart._repr_mimebundle_()
     bundle = bundle[0] if isinstance(bundle, tuple) else bundle
-    assert set(bundle) == {"text/html", "text/plain"}
+    assert set(bundle) == {"text/html", "image/png", "text/plain"}
     assert embedded_spec(bundle["text/html"])["mark"] == {"type": "bar"}
     assert bundle == book_renderer(chart.to_dict())
+
+
+def test_every_chart_carries_a_picture_of_itself():
+    "A PNG of the chart, drawn from the same spec, for viewers that run no JavaScript."
+    png = base64.b64decode(book_renderer(SPEC)["image/png"])
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and png == chart_png(SPEC)
+    width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")  # the IHDR chunk
+    assert 20 < width < 2000 and 20 < height < 2000
+    assert chart_png({**SPEC, "mark": "bar"}) != png
+
+
+def stored_charts() -> list[tuple[str, dict]]:
+    "(notebook and cell, output data) of every chart stored in the notebooks' outputs."
+    found = []
+    for path in sorted((ROOT / "book").glob("*.ipynb")):
+        for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
+            for output in cell.get("outputs", []):
+                html = output.get("data", {}).get("text/html", "")
+                if "at-chart" in "".join(html):
+                    found.append((f"{path.name} cell {cell['id']}", output["data"]))
+    return found
+
+
+def test_every_stored_chart_has_a_static_image_beside_it():
+    charts_found = stored_charts()
+    assert len(charts_found) >= 10  # the book's charts: positions, attention, training curves, the heads
+    missing = [where for where, data in charts_found if "image/png" not in data]
+    assert missing == [], f"charts without a picture (re-run the cell with use_book_charts()): {missing}"
 
 
 def test_the_book_loads_exactly_the_vendored_files():

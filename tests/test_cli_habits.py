@@ -14,7 +14,7 @@ from annotated_transformer import training
 from annotated_transformer.cli import main
 from annotated_transformer.model import TransformerConfig
 from annotated_transformer.runs import RECIPE_DESCRIPTIONS, RECIPES, Recipe
-from annotated_transformer.training import plot_metrics
+from annotated_transformer.charts import plot_metrics
 from annotated_transformer.training import train as real_train
 from annotated_transformer.translation import Translator
 

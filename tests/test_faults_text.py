@@ -11,9 +11,8 @@ import torch
 
 from annotated_transformer import cli, make_model
 from annotated_transformer.runs import save_checkpoint
-from annotated_transformer.training import BOS, EOS, PAD
-from annotated_transformer.translation import SPECIALS, UNK, Translator, Vocab
-from annotated_transformer.wmt import Subwords, SubwordTranslator
+from annotated_transformer.text import BOS, EOS, PAD, SPECIALS, UNK, SubwordCodec, Subwords, Vocab
+from annotated_transformer.translation import Translator
 
 # Every character that str.splitlines() ends a line at.
 LINE_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
@@ -77,7 +76,7 @@ def run_translate(monkeypatch, capsys, path, stdin: bytes, *options):
 
 def test_pieces_that_break_a_line_are_never_produced(newline_checkpoint, subwords):
     translator = Translator.from_checkpoint(newline_checkpoint, device="cpu")
-    assert isinstance(translator, SubwordTranslator)
+    assert isinstance(translator.codec, SubwordCodec)
     breaking = {i for i in range(len(subwords)) if any(c in subwords.decode([i]) for c in LINE_BREAKS)}
     assert {subwords.processor.piece_to_id(f"<0x{b:02X}>") for b in (10, 11, 12, 13, 28, 29, 30)} <= breaking
     assert breaking | {PAD, BOS} <= set(translator.banned) and EOS not in translator.banned
@@ -167,7 +166,7 @@ def test_special_symbols_typed_in_the_input_are_text(tmp_path, subwords):
     vocab = {"kind": "words", "direction": "de-en", "src": words, "tgt": words}
     word_translator = Translator.from_checkpoint(checkpoint(tmp_path / "w.pt", favouring_model(len(words), {}), vocab))
     vocab = {"kind": "sentencepiece", "direction": "en-de", "model": subwords.model}
-    subword_translator = SubwordTranslator(favouring_model(len(subwords), {}, max_len=64), vocab)
+    subword_translator = Translator(favouring_model(len(subwords), {}, max_len=64), vocab)
     for translator in (word_translator, subword_translator):
         (ids,) = translator.encode([typed])
         assert ids[-1] == EOS and not {PAD, BOS, EOS} & set(ids[:-1])

@@ -2,6 +2,8 @@
 lazily by annotated_transformer/__init__.py, and no module reaching into another's private names."""
 
 import ast
+import json
+import re
 import importlib
 import subprocess
 import sys
@@ -92,3 +94,95 @@ def test_the_private_import_check_finds_them():
     assert private_imports("from .runs import RECIPES, _helper") == ["line 1: _helper"]
     assert private_imports("def f():\n    from annotated_transformer.data import _sha256") == ["line 2: _sha256"]
     assert private_imports("from . import __version__\nfrom os import _exit") == []
+
+
+# ---- The import graph: no cycles, and the book's reading order -------------------------------------------------
+
+BOOK = PACKAGE.parent / "book"
+MODEL_CORE = {"attention", "multi_head", "layers", "encoding", "model"}  # the model, which any page may import
+
+
+def package_imports(source: str) -> set[str]:
+    "The package's modules that `source` imports, at module level or inside functions (`from .x import`, `import annotated_transformer.x`)."
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom):
+            if node.level == 1 and node.module:
+                found.add(node.module.split(".")[0])
+            elif node.level == 1:  # from . import x
+                found |= {alias.name for alias in node.names}
+            elif (node.module or "").startswith("annotated_transformer."):
+                found.add(node.module.split(".")[1])
+        elif isinstance(node, ast.Import):
+            found |= {a.name.split(".")[1] for a in node.names if a.name.startswith("annotated_transformer.")}
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    "Each generated module of the package -> the package's modules it imports (the hand-written __init__ aside)."
+    modules = {p.stem for p in PACKAGE.glob("*.py") if not p.stem.startswith("_")}
+    return {m: package_imports((PACKAGE / f"{m}.py").read_text(encoding="utf-8")) & modules - {m} for m in modules}
+
+
+def notebook_of_module() -> dict[str, str]:
+    "Module -> the notebook that writes it (its `#| default_exp`)."
+    homes = {}
+    for path in BOOK.glob("*.ipynb"):
+        for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
+            match = cell["cell_type"] == "code" and re.search(r"^#\| default_exp (\w+)", "".join(cell["source"]), re.M)
+            if match:
+                homes[match.group(1)] = path.stem
+    return homes
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    "The import cycles of `graph`, each as a path that ends where it starts."
+    found, state = [], {}
+
+    def visit(node, path):
+        state[node] = "open"
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                found.append(path[path.index(nxt) :] + [nxt])
+            elif nxt not in state:
+                visit(nxt, path + [nxt])
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    return found
+
+
+def test_the_import_graph_reader_finds_imports_and_cycles():
+    assert package_imports(
+        "from .runs import x\ndef f():\n    from annotated_transformer.wmt import y\n"
+        "import annotated_transformer.data\nfrom . import cli"
+    ) == {"runs", "wmt", "data", "cli"}
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_package_has_no_import_cycle():
+    assert cycles(import_graph()) == []
+
+
+def test_modules_import_only_what_a_reader_has_met():
+    """A paper chapter's module imports the modules of earlier chapters and of the pages under the hood; a module of
+    a page under the hood imports only other such modules and the model. The command line, the top of the house,
+    may import anything."""
+    homes = notebook_of_module()
+    graph = import_graph()
+    assert set(graph) == set(homes), "every module is written by one notebook"
+    wrong = []
+    for module, imported in graph.items():
+        if module == "cli":
+            continue
+        for other in imported:
+            if homes[module][0].isdigit():  # a paper chapter: earlier chapters, or under the hood
+                ok = homes[other] < homes[module] or not homes[other][0].isdigit()
+            else:  # under the hood: under the hood, or the model
+                ok = not homes[other][0].isdigit() or other in MODEL_CORE
+            if not ok:
+                wrong.append(f"{module} ({homes[module]}) imports {other} ({homes[other]})")
+    assert wrong == []

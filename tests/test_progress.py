@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from annotated_transformer import training, translation
+from annotated_transformer import text, training
 from annotated_transformer.data import progress_shown, with_progress
 from annotated_transformer.runs import RECIPES, ProgressReport, RunDir, list_checkpoints, read_json
 from annotated_transformer.training import copy_data, train
@@ -149,9 +149,9 @@ def test_train_s_progress_setting_reaches_the_data_s_bars(tmp_path, monkeypatch,
 
 def test_multi30k_tokenization_shows_a_bar_per_side(monkeypatch):
     pairs = [("Ein Hund läuft.", "A dog runs."), ("Zwei Katzen.", "Two cats.")]
-    monkeypatch.setattr(translation, "load_multi30k", lambda split, direction: pairs)
+    monkeypatch.setattr(text, "load_multi30k", lambda split, direction: pairs)
     with on_a_terminal() as screen:
-        src, tgt = translation._tokenized_multi30k.__wrapped__("valid", "de-en")  # past the per-process cache
+        src, tgt = text.tokenized_multi30k.__wrapped__("valid", "de-en")  # past the per-process cache
     assert src == [["Ein", "Hund", "läuft", "."], ["Zwei", "Katzen", "."]] and tgt[0] == ["A", "dog", "runs", "."]
     assert "tokenizing Multi30k valid.de" in screen.getvalue() and "tokenizing Multi30k valid.en" in screen.getvalue()
 

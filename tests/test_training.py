@@ -25,7 +25,6 @@ from annotated_transformer.distributed import (
 from annotated_transformer.runs import (
     RECIPES,
     TASKS,
-    TRANSLATORS,
     CheckpointError,
     RunDir,
     Task,
@@ -38,6 +37,7 @@ from annotated_transformer.runs import (
     rng_state,
     save_checkpoint,
 )
+from annotated_transformer.charts import plot_metrics
 from annotated_transformer.training import (
     BOS,
     EOS,
@@ -50,7 +50,6 @@ from annotated_transformer.training import (
     make_optimizer,
     pad_sequences,
     padding_fraction,
-    plot_metrics,
     rate,
     token_batches,
     train,
@@ -574,13 +573,10 @@ def test_the_closed_form_equals_the_kl_divergence_from_the_full_target(smoothing
 
 def test_tasks_are_looked_up_by_name_and_data_settings_are_checked():
     assert registered(TASKS, "copy").__name__ == "copy_data" and set(TASKS) == {"copy", "multi30k", "wmt14"}
-    assert registered(TRANSLATORS, "words").__name__ == "Translator"
     task = load_task(RECIPES["copy"])
     assert isinstance(task, Task) and task.src_vocab == task.tgt_vocab == 13 and len(task.train) == 20_000
     with pytest.raises(ValueError, match="unknown name 'nope'; the registered ones are copy, multi30k, wmt14"):
         registered(TASKS, "nope")
-    with pytest.raises(ValueError, match="unknown name 'bytes'; the registered ones are sentencepiece, words"):
-        registered(TRANSLATORS, "bytes")
     with pytest.raises(ValueError, match="unknown task 'nope'; the tasks are .*copy"):
         load_task(dataclasses.replace(RECIPES["copy"], task="nope"))
     with pytest.raises(ValueError, match="direction must look like 'de-en'"):

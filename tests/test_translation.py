@@ -28,18 +28,14 @@ from annotated_transformer.data import (
     read_lines,
     read_parallel,
 )
-from annotated_transformer.runs import RECIPES, TRANSLATORS, load_task, record_result, registered, save_checkpoint
+from annotated_transformer.runs import RECIPES, load_task, record_result, save_checkpoint
 from annotated_transformer.training import BOS, EOS, PAD, greedy_decode, pad_sequences, train
 from annotated_transformer.translation import (
     ALPHA,
     BEAM_SIZE,
     EXTRA_LEN,
-    SPECIALS,
-    UNK,
     IncrementalDecoder,
     Translator,
-    Vocab,
-    WordTokenizer,
     average_checkpoints,
     beam_search,
     corpus_scores,
@@ -48,7 +44,7 @@ from annotated_transformer.translation import (
     greedy_search,
     length_penalty,
 )
-from annotated_transformer.wmt import SubwordTranslator, Subwords
+from annotated_transformer.text import SPECIALS, SubwordCodec, Subwords, UNK, Vocab, WordCodec, WordTokenizer
 
 
 def gz(path: Path, lines: list[str]) -> Path:
@@ -497,26 +493,23 @@ def words_checkpoint(path: Path) -> Path:
     )
 
 
-def test_from_checkpoint_picks_the_class_that_translators_registers_for_the_vocabulary(tmp_path, monkeypatch):
+def test_from_checkpoint_reads_the_stored_vocabulary_through_its_codec(tmp_path):
     path = words_checkpoint(tmp_path / "step-000001.pt")
-    assert registered(TRANSLATORS, "words") is Translator and type(Translator.from_checkpoint(path)) is Translator
-    (tmp_path / "other_translators.py").write_text(
-        "from annotated_transformer.translation import Translator\n\n\n"
-        "class Other(Translator):\n    'A translator registered in place of the usual one.'\n"
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setitem(TRANSLATORS, "words", "other_translators:Other")
+
+    class Other(Translator):
+        "A subclass: from_checkpoint makes one of it."
+
     for paths in ([path], [path, path]):  # one checkpoint, or an average
-        translator = Translator.from_checkpoint(*paths)
-        assert type(translator).__module__ == "other_translators" and type(translator).__name__ == "Other"
-        assert translator.direction == "de-en" and len(translator.tgt_vocab) == 8
+        translator = Other.from_checkpoint(*paths)
+        assert type(translator) is Other and isinstance(translator.codec, WordCodec)
+        assert translator.direction == "de-en" and len(translator.codec.tgt_vocab) == 8
 
 
 def test_training_on_multi30k_records_vocabularies_and_a_validation_bleu(tiny_run):
     run_dir, summary = tiny_run
     assert summary["finished"] and "valid_greedy_bleu" in summary and "case:mixed" in summary["bleu_signature"]
     translator = Translator.from_checkpoint(*sorted((run_dir / "checkpoints").glob("*.pt")))  # averaged
-    assert translator.direction == "de-en" and len(translator.tgt_vocab) > 1000
+    assert translator.direction == "de-en" and len(translator.codec.tgt_vocab) > 1000
 
 
 def test_subwords_must_be_a_positive_number_of_pieces_or_none():
@@ -548,9 +541,9 @@ def test_a_subword_run_translates_and_is_evaluated_on_multi30k(tiny_subword_run,
     run_dir, summary = tiny_subword_run
     assert summary["finished"] and "valid_greedy_bleu" in summary
     translator = Translator.from_checkpoint(*sorted((run_dir / "checkpoints").glob("*.pt")))  # averaged
-    assert type(translator) is SubwordTranslator and translator.dataset == "multi30k"
-    assert translator.direction == "de-en" and len(translator.token_texts()) == RECIPES["multi30k-cpu"].subwords
-    assert translator.target_ids(["A  dog."]) == translator.subwords.encode(["A dog."])
+    assert isinstance(translator.codec, SubwordCodec) and translator.dataset == "multi30k"
+    assert translator.direction == "de-en" and len(translator.codec.token_texts()) == RECIPES["multi30k-cpu"].subwords
+    assert translator.codec.target_ids(["A  dog."]) == translator.codec.subwords.encode(["A dog."])
     out = translator.translate(["Ein Hund.", "", "Ein Zorblax!"], beam_size=2)
     assert len(out) == 3 and out[1] == "" and all(isinstance(o, str) and "\n" not in o for o in out)
     few = load_multi30k("valid")[:12]  # the command scores Multi30k (not newstest2014), here on 12 sentences

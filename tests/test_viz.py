@@ -8,9 +8,8 @@ import torch
 
 from annotated_transformer import MultiHeadedAttention, Translator, make_model
 from annotated_transformer.attention import subsequent_mask
-from annotated_transformer.training import BOS
-from annotated_transformer.translation import SPECIALS, decode_batches
-from annotated_transformer.wmt import SubwordTranslator, Subwords
+from annotated_transformer.text import BOS, SPECIALS, Subwords
+from annotated_transformer.translation import decode_batches
 from annotated_transformer.viz import (
     KINDS,
     STATISTICS,
@@ -96,20 +95,20 @@ def test_capture_equals_the_models_own_attention_and_leaves_no_trace(translator)
     expected = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(mha.d_k), -1)[0]
     torch.testing.assert_close(together.pair(0)["encoder"][0], expected.float())
     # The decoder's first layer reads <s> and the target without its last token (teacher forcing), masked.
-    ids = translator.tgt_vocab.encode(translator.tgt_tokenizer(TARGETS[:1])[0])
+    ids = translator.codec.tgt_vocab.encode(translator.codec.tgt_tokenizer(TARGETS[:1])[0])
     reads = torch.tensor([[BOS] + ids])  # <s> y1 ... yn: n + 1 = len(y + </s>)
     mha = model.decoder.layers[0].self_attn
     y = model.tgt_embed(reads)
     q, k = mha.split_heads(mha.w_q(y)), mha.split_heads(mha.w_k(y))
     scores = (q @ k.transpose(-2, -1) / math.sqrt(mha.d_k)).masked_fill(~subsequent_mask(reads.size(1)), float("-inf"))
     torch.testing.assert_close(together.pair(0)["decoder"][0], torch.softmax(scores, -1)[0].float())
-    assert together.tgt_tokens[0] == translator.tgt_vocab.decode(ids) + ["</s>"]
+    assert together.tgt_tokens[0] == translator.codec.tgt_vocab.decode(ids) + ["</s>"]
 
 
 def test_capture_of_the_translators_own_output(translator):
     captured = capture_attention(translator, SOURCES, beam_size=2)
     own = decode_batches(translator.model, translator.encode(SOURCES), translator.batch_size, beam_size=2)
-    assert captured.tgt_tokens == [translator.tgt_vocab.decode(ids) + ["</s>"] for ids in own]
+    assert captured.tgt_tokens == [translator.codec.tgt_vocab.decode(ids) + ["</s>"] for ids in own]
 
 
 def test_capture_refuses_bad_input(translator):
@@ -209,9 +208,9 @@ def test_capture_reads_a_subword_translators_pieces():
     torch.manual_seed(0)
     model = make_model(len(subwords), len(subwords), N=1, d_model=32, d_ff=64, h=4)
     vocab = {"kind": "sentencepiece", "dataset": "multi30k", "direction": "de-en", "model": subwords.model}
-    translator = SubwordTranslator(model, vocab, device="cpu", batch_size=2)
+    translator = Translator(model, vocab, device="cpu", batch_size=2)
     captured = capture_attention(translator, SOURCES, TARGETS)
-    texts = translator.token_texts()
+    texts = translator.codec.token_texts()
     assert texts[: len(SPECIALS)] == list(SPECIALS)
     for i, (source, target) in enumerate(zip(SOURCES, TARGETS)):
         assert captured.src_tokens[i][-1] == captured.tgt_tokens[i][-1] == "</s>"

@@ -22,10 +22,10 @@ from annotated_transformer.data import DataError, fetch, iter_lines, read_lines
 from annotated_transformer.distributed import accumulation_steps, split_for_processes, torchrun_command
 from annotated_transformer.runs import RECIPES, list_checkpoints, load_checkpoint, load_task
 from annotated_transformer.training import pair_lengths, token_batches
+from annotated_transformer.text import Subwords
 from annotated_transformer.wmt import (
     NEWSTEST2014_FILTERED,
     WMT14_TEXT_FILES,
-    Subwords,
     TokenData,
     clean_pairs,
     length_filter,

@@ -1,0 +1,73 @@
+"""Text as token ids (book/a6_text.ipynb): the special ids, and the codecs that give a translator the same four
+operations over words and over SentencePiece subwords."""
+
+import pytest
+
+from annotated_transformer.text import (
+    BOS,
+    EOS,
+    PAD,
+    SPECIALS,
+    UNK,
+    SubwordCodec,
+    Subwords,
+    Vocab,
+    WordCodec,
+    WordTokenizer,
+    text_codec,
+)
+
+GERMAN = ["Ein Hund läuft über die Wiese.", "Zwei Hunde spielen im Schnee.", "Ein Mann trägt ein T-Shirt."]
+ENGLISH = ["A dog runs across the meadow.", "Two dogs play in the snow.", "A man wears a t-shirt."]
+
+
+@pytest.fixture(scope="module")
+def codecs():
+    words = {
+        "kind": "words",
+        "direction": "de-en",
+        "src": Vocab.build(WordTokenizer("de")(GERMAN)).itos,
+        "tgt": Vocab.build(WordTokenizer("en")(ENGLISH)).itos,
+    }
+    pieces = {
+        "kind": "sentencepiece",
+        "direction": "de-en",
+        "model": Subwords.train((GERMAN + ENGLISH) * 20, 320).model,
+    }
+    return text_codec(words), text_codec(pieces)
+
+
+def test_the_special_ids_are_those_of_every_vocabulary(codecs):
+    words, pieces = codecs
+    assert (PAD, BOS, EOS, UNK) == (0, 1, 2, 3) and len(SPECIALS) == 4
+    for codec in (words, pieces):
+        assert codec.token_texts()[:4] == list(SPECIALS) and codec.token_texts(source=True)[:4] == list(SPECIALS)
+
+
+def test_text_codec_picks_the_codec_of_the_stored_kind_and_refuses_a_model_of_no_text(codecs):
+    words, pieces = codecs
+    assert type(words) is WordCodec and type(pieces) is SubwordCodec
+    for vocab in ({}, {"kind": "bytes"}):
+        with pytest.raises(ValueError, match="not trained on text"):
+            text_codec(vocab)
+
+
+def test_each_codec_reads_its_own_output_back(codecs):
+    for codec in codecs:
+        for sentences, ids in ((ENGLISH, codec.target_ids(ENGLISH)), (GERMAN, codec.source_ids(GERMAN))):
+            assert all(min(x) > UNK for x in ids)
+        assert [codec.decode(x) for x in codec.target_ids(ENGLISH)] == ENGLISH
+
+
+def test_an_unseen_word_is_unknown_to_words_and_spelled_by_subwords(codecs):
+    words, pieces = codecs
+    new = "A cat wears a t-shirt."
+    assert UNK in words.target_ids([new])[0] and "<unk>" in words.decode(words.target_ids([new])[0])
+    assert UNK not in pieces.target_ids([new])[0] and pieces.decode(pieces.target_ids([new])[0]) == new
+
+
+def test_subwords_normalise_whitespace_as_the_training_data_was(codecs):
+    _, pieces = codecs
+    assert pieces.source_ids(["A  dog\truns. "]) == pieces.source_ids(["A dog runs."])
+    assert pieces.target_ids(["A  dog."]) == pieces.subwords.encode(["A dog."])
+    assert len(pieces.token_texts()) == len(pieces.subwords) and pieces.token_texts() == pieces.token_texts(True)

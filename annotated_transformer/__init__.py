@@ -18,7 +18,7 @@ _MODULES = {  # module: the public names it exports through the package
     "layers": ["DecoderLayer", "EncoderLayer", "PositionwiseFeedForward", "SublayerConnection"],
     "encoding": ["Embeddings", "LearnedPositionalEmbedding", "PositionalEncoding", "sinusoidal_encoding"],
     "model": ["Decoder", "Encoder", "EncoderDecoder", "Generator", "TransformerConfig", "make_model"],
-    "data": ["DataError", "data_dir", "fetch", "load_multi30k", "read_lines"],
+    "data": ["DataError", "data_dir", "fetch", "load_multi30k", "load_wmt14_test", "read_lines"],
     "runs": [
         "RECIPES",
         "TASKS",
@@ -81,7 +81,6 @@ _MODULES = {  # module: the public names it exports through the package
         "TokenData",
         "clean_pairs",
         "evaluate_wmt14",
-        "load_wmt14_test",
         "prepare_wmt14",
         "tokenized_bleu",
     ],

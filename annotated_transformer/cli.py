@@ -272,7 +272,7 @@ def _train(args, settings: dict) -> dict:
 # %% ../book/a4_command_line.ipynb #ec8da12a
 def _add_prepare(commands) -> None:
     "The `prepare` command's arguments."
-    from annotated_transformer.wmt import WMT14_CORPORA
+    from annotated_transformer.data import WMT14_CORPORA
 
     prepare_cmd = commands.add_parser(
         "prepare",

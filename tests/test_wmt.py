@@ -18,23 +18,29 @@ import numpy as np
 import pytest
 import torch
 
-from annotated_transformer.data import DataError, fetch, iter_lines, read_lines
+from annotated_transformer import data as data_module
+from annotated_transformer.data import (
+    NEWSTEST2014_FILTERED,
+    WMT14_TEXT_FILES,
+    DataError,
+    fetch,
+    iter_lines,
+    load_wmt14_test,
+    read_corpus,
+    read_lines,
+    wmt14_file,
+)
 from annotated_transformer.distributed import accumulation_steps, split_for_processes, torchrun_command
 from annotated_transformer.runs import RECIPES, list_checkpoints, load_checkpoint, load_task
 from annotated_transformer.training import pair_lengths, token_batches
 from annotated_transformer.text import Subwords
 from annotated_transformer.wmt import (
-    NEWSTEST2014_FILTERED,
-    WMT14_TEXT_FILES,
     TokenData,
     clean_pairs,
     length_filter,
-    load_wmt14_test,
     prepare_wmt14,
     prepared_folder,
-    read_corpus,
     wmt14_data,
-    wmt14_file,
 )
 
 from conftest import MIRROR, needs_mirror
@@ -118,16 +124,14 @@ def test_the_test_sets_have_their_published_sizes_and_the_filtered_set_is_chosen
 
 @needs_mirror
 def test_without_a_mirror_the_published_text_is_verified_kept_and_its_terms_shown_once(cache, monkeypatch, capsys):
-    import annotated_transformer.data as data
-    import annotated_transformer.wmt as wmt
 
     published = {
         source: gzip.decompress((Path(MIRROR) / "wmt14" / name).read_bytes()).decode("utf-8")
         for name, (_, _, source) in WMT14_TEXT_FILES.items()
     }
     monkeypatch.delenv("AT_MIRROR")
-    monkeypatch.setattr(data, "_terms_shown", set())  # as in a new process
-    monkeypatch.setattr(wmt, "_published_text", lambda source: published[source])  # no network here
+    monkeypatch.setattr(data_module, "_terms_shown", set())  # as in a new process
+    monkeypatch.setattr(data_module, "_published_text", lambda source: published[source])  # no network here
     assert read_lines(wmt14_file("newstest2013.en.gz")) == published["sacrebleu:wmt13:en-de:src"].splitlines()
     assert len(load_wmt14_test("newstest2013")) == 3000
     assert capsys.readouterr().err.count("WMT14 English-German: published by") == 1  # two downloads, one notice
@@ -168,8 +172,6 @@ def test_a_training_corpus_is_read_from_its_archive_in_one_pass(tmp_path, cache,
     import io
     import tarfile
 
-    import annotated_transformer.wmt as wmt
-
     lines = {lang: [f"{lang} sentence {i}" for i in range(20_000)] for lang in ("en", "de")}
     archive = tmp_path / "mirror" / "wmt14" / "training-parallel-nc-v9.tgz"
     archive.parent.mkdir(parents=True)
@@ -182,8 +184,10 @@ def test_a_training_corpus_is_read_from_its_archive_in_one_pass(tmp_path, cache,
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
-    entry = wmt.WMT14_CORPORA["news-commentary-v9"]
-    monkeypatch.setitem(wmt.WMT14_CORPORA, "news-commentary-v9", (entry[0], 0, sha(archive.read_bytes()), entry[3]))
+    entry = data_module.WMT14_CORPORA["news-commentary-v9"]
+    monkeypatch.setitem(
+        data_module.WMT14_CORPORA, "news-commentary-v9", (entry[0], 0, sha(archive.read_bytes()), entry[3])
+    )
     monkeypatch.setenv("AT_MIRROR", str(tmp_path / "mirror"))
     # Going back in a gzip stream means decompressing it again from its start: count those rewinds.
     rewinds, rewind = [], gzip._GzipReader._rewind
@@ -199,7 +203,9 @@ def test_a_training_corpus_is_read_from_its_archive_in_one_pass(tmp_path, cache,
             info = tarfile.TarInfo(f"training/news-commentary-v9.de-en.{lang}")
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
-    monkeypatch.setitem(wmt.WMT14_CORPORA, "news-commentary-v9", (entry[0], 0, sha(archive.read_bytes()), entry[3]))
+    monkeypatch.setitem(
+        data_module.WMT14_CORPORA, "news-commentary-v9", (entry[0], 0, sha(archive.read_bytes()), entry[3])
+    )
     (cache / "wmt14" / "training-parallel-nc-v9.tgz").unlink()
     with pytest.raises(DataError, match="differ in length after 20000 lines"):
         list(read_corpus("news-commentary-v9"))

@@ -24,11 +24,11 @@ from torch.utils.flop_counter import FlopCounterMode, flop_registry, register_fl
 
 from torch import Tensor, nn
 
-from .data import load_multi30k
 from .model import EncoderDecoder, TransformerConfig, make_model
 from .multi_head import MultiHeadedAttention
-from .runs import (RECIPES, Recipe, atomic_file, check_device, commit, device_name, device_slug,
-                                        load_task, write_json)
+from .data import atomic_file, load_multi30k, write_json
+from .runs import (RECIPES, Recipe, check_device, commit, device_name, device_slug,
+                                        load_task)
 from .training import (PAD, LabelSmoothing, accumulate_gradients, batches_of, make_optimizer,
                                             padding_fraction, token_batches)
 from .translation import IncrementalDecoder, Translator, decode_batches

@@ -19,7 +19,7 @@ import tempfile
 import urllib.request
 from pathlib import Path
 
-from .runs import read_json
+from .data import read_json
 
 # %% ../book/a5_book_tools.ipynb #f5287c94
 JS_ASSETS = {
@@ -166,8 +166,12 @@ def chart_png(spec: dict) -> bytes:
 def book_renderer(spec: dict, **metadata) -> dict:
     """An Altair renderer whose output works in the offline book and in Jupyter alike (see `chart_html`), with a
     static picture beside it (`chart_png`) for viewers that run no JavaScript."""
-    return {"text/html": chart_html(spec, metadata.get("embed_options")),
-            "image/png": base64.b64encode(chart_png(spec)).decode(), "text/plain": "<Vega-Lite chart>"}
+    bundle = {"text/html": chart_html(spec, metadata.get("embed_options")), "text/plain": "<Vega-Lite chart>"}
+    try:
+        bundle["image/png"] = base64.b64encode(chart_png(spec)).decode()
+    except ModuleNotFoundError:  # vl-convert comes with the book's extra; without it, the interactive chart alone
+        pass
+    return bundle
 
 
 def use_book_charts() -> None:

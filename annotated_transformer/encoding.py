@@ -59,7 +59,7 @@ class PositionalEncoding(nn.Module):
         self.register_buffer("pe", sinusoidal_encoding(max_len, d_model)[None], persistent=False)  # (1, max_len, d_model)
 
     def forward(self, x: Tensor, start: int = 0) -> Tensor:
-        "`start`: the position of x's first vector (a decoder fed one token at a time, as in the results chapter, asks for t)."
+        "`start`: the position of x's first vector (a decoder fed one token at a time, as in the decoding chapter, asks for t)."
         end = start + x.size(1)
         if end > self.pe.size(1):
             raise ValueError(f"a sequence of {end} positions is longer than max_len={self.pe.size(1)}; the sinusoids are "

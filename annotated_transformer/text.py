@@ -215,7 +215,10 @@ class SubwordCodec:
 def text_codec(vocab: dict) -> WordCodec | SubwordCodec:
     "The codec of a checkpoint's stored vocabulary, by its kind; a clear error for a model not trained on text."
     codecs = {"words": WordCodec, "sentencepiece": SubwordCodec}
-    if vocab.get("kind") not in codecs:
+    if "kind" not in vocab:
         raise ValueError("this model was not trained on text (its checkpoint has no vocabularies); a translator "
                          "needs a checkpoint of a translation task such as multi30k")
+    if vocab["kind"] not in codecs:
+        raise ValueError(f"this checkpoint's vocabulary is of the kind {vocab['kind']!r}, which this version of the "
+                         f"package does not read (it reads {', '.join(codecs)}); a newer version may")
     return codecs[vocab["kind"]](vocab)

@@ -368,7 +368,7 @@ def train(recipe: Recipe, run_dir, *, device=None, resume: bool = False, progres
 # %% ../book/06_training.ipynb #ff02bb07
 # The modules whose source decides what a run computes: a change to any of them trains anew.
 _RUN_MODULES = ("attention", "multi_head", "layers", "encoding", "model", "data", "runs", "distributed", "training",
-                "translation", "text")  # text: the vocabularies
+                "translation", "text", "wmt")  # the tasks' data, vocabularies and translators
 
 
 def cached_run(recipe: Recipe, *, device=None, progress: bool = True) -> Path:

@@ -267,7 +267,7 @@ def test_the_landing_page_maps_every_chapter_in_order():
 
 @pytest.mark.parametrize("module", ["training", "translation"])
 def test_the_paper_modules_stay_readable(module):
-    "The modules of the training and results chapters hold the paper's code; plumbing goes to the modules under the hood."
+    "The modules of the training and decoding chapters hold the paper's code; plumbing goes to the modules under the hood."
     lines = len((ROOT / "annotated_transformer" / f"{module}.py").read_text(encoding="utf-8").splitlines())
     assert lines < 500, f"annotated_transformer/{module}.py has {lines} lines"
 
@@ -357,7 +357,7 @@ def test_api_page_documents_the_package():
     ):
         assert f'id="annotated_transformer.{name}"' in html, f"{name} is not documented"
     # The sections link back to the chapters, of both parts.
-    for chapter in ("05_model", "07_results", "09_attention_heads", "11_scaling_wmt", "a2_runs", "a5_book_tools"):
+    for chapter in ("05_model", "07_decoding", "09_attention_heads", "11_scaling_wmt", "a2_runs", "a5_book_tools", "a6_text"):
         assert f'href="{chapter}.html"' in html, f"the API reference does not link to {chapter}"
 
 

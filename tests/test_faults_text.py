@@ -1,4 +1,4 @@
-"""Text in and text out of translation (book/07_results.ipynb, book/11_scaling_wmt.ipynb and the `translate`
+"""Text in and text out of translation (book/07_decoding.ipynb, book/a6_text.ipynb and the `translate`
 command of book/a4_command_line.ipynb): one line out for every line in, whatever the model prefers and whatever
 bytes come in; special symbols typed as text stay text; a single string is one sentence."""
 

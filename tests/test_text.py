@@ -47,9 +47,10 @@ def test_the_special_ids_are_those_of_every_vocabulary(codecs):
 def test_text_codec_picks_the_codec_of_the_stored_kind_and_refuses_a_model_of_no_text(codecs):
     words, pieces = codecs
     assert type(words) is WordCodec and type(pieces) is SubwordCodec
-    for vocab in ({}, {"kind": "bytes"}):
-        with pytest.raises(ValueError, match="not trained on text"):
-            text_codec(vocab)
+    with pytest.raises(ValueError, match="not trained on text"):
+        text_codec({})  # a checkpoint of the copy task
+    with pytest.raises(ValueError, match="of the kind 'bytes', which this version of the package does not read"):
+        text_codec({"kind": "bytes"})
 
 
 def test_each_codec_reads_its_own_output_back(codecs):

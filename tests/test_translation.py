@@ -1,4 +1,4 @@
-"""Results on real data (book/07_results.ipynb) and the data they read (book/a1_data.ipynb): downloads and their
+"""Translating real data (book/07_decoding.ipynb) and the data they read (book/a1_data.ipynb): downloads and their
 verification, line readers, vocabularies, incremental decoding, beam search, checkpoint averaging, BLEU, results
 files, the Translator and the translate/evaluate commands."""
 

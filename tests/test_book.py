@@ -357,7 +357,15 @@ def test_api_page_documents_the_package():
     ):
         assert f'id="annotated_transformer.{name}"' in html, f"{name} is not documented"
     # The sections link back to the chapters, of both parts.
-    for chapter in ("05_model", "07_decoding", "09_attention_heads", "11_scaling_wmt", "a2_runs", "a5_book_tools", "a6_text"):
+    for chapter in (
+        "05_model",
+        "07_decoding",
+        "09_attention_heads",
+        "11_scaling_wmt",
+        "a2_runs",
+        "a5_book_tools",
+        "a6_text",
+    ):
         assert f'href="{chapter}.html"' in html, f"the API reference does not link to {chapter}"
 
 

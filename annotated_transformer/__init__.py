@@ -30,12 +30,11 @@ _MODULES = {  # module: the public names it exports through the package
         "record_result",
         "save_checkpoint",
     ],
-    "distributed": ["accumulation_steps", "launch", "process_group"],
+    "distributed": ["Processes", "accumulation_steps", "launch", "process_group"],
     "training": [
         "Batch",
         "LabelSmoothing",
         "accumulate_gradients",
-        "cached_run",
         "greedy_decode",
         "make_optimizer",
         "rate",
@@ -57,6 +56,7 @@ _MODULES = {  # module: the public names it exports through the package
     ],
     "variations": ["PAPER_TABLE3", "Variation", "run_variations", "score_run", "table3_rows", "variations_table"],
     "text": ["Subwords", "Vocab", "WordTokenizer", "multi30k_subwords", "text_codec"],
+    "cache": ["cached_run", "run_modules"],
     "charts": ["chart_html", "chart_png", "markdown_table", "use_book_charts", "vendor_javascript"],
     "bench": [
         "bench_table",

@@ -5,31 +5,22 @@
 # %% auto #0
 __all__ = ['copy_task', 'Batch', 'pad_sequences', 'token_batches', 'padding_fraction', 'rate', 'make_optimizer', 'LabelSmoothing',
            'accumulate_gradients', 'greedy_decode', 'pair_lengths', 'batches_of', 'validation_loss', 'copy_exact_match',
-           'copy_data', 'train', 'cached_run']
+           'copy_data', 'train']
 
 # %% ../book/06_training.ipynb #b9032c27
 import contextlib
-import hashlib
-import inspect
-import json
 import math
 import random
-import shutil
 import time
-from pathlib import Path
 
 import torch
-from filelock import FileLock
 from torch import Tensor, nn
 
 from .attention import subsequent_mask
-from .data import data_dir
-from .distributed import (accumulation_steps, check_same_data, gather_rng_states,
-                                               process_share, rank_and_world_size, seed_dropout, share_gradients,
-                                               split_for_processes, sum_over_processes)
+from .distributed import Processes, accumulation_steps, rank_and_world_size, split_for_processes
 from .model import EncoderDecoder, make_model
-from .runs import (ProgressReport, Recipe, RunDir, Task, TrainingState, check_device,
-                                        list_checkpoints, load_task, read_json, rng_state)
+from .runs import (ProgressReport, Recipe, RunDir, Task, TrainingState, check_device, load_task,
+                                        rng_state)
 from .text import BOS, EOS, PAD
 
 # %% ../book/06_training.ipynb #3c7daccd
@@ -294,7 +285,7 @@ def train(recipe: Recipe, run_dir, *, device=None, resume: bool = False, progres
     metrics as TensorBoard event files. `progress` shows a bar on a terminal, and a line per evaluation elsewhere. Under
     `torchrun` the processes train one model together, each with its share of every update's batches; process 0 alone
     evaluates and writes."""
-    device, (rank, world) = check_device(device), rank_and_world_size()
+    device, rank = check_device(device), rank_and_world_size()[0]
     with (RunDir(run_dir, writer=rank == 0, tensorboard=tensorboard) as run,  # one training at a time in run_dir
           ProgressReport(recipe, show=progress and rank == 0) as report):
         if resume and (summary := run.finished(recipe)):
@@ -303,18 +294,17 @@ def train(recipe: Recipe, run_dir, *, device=None, resume: bool = False, progres
             task = load_task(recipe)
         torch.manual_seed(recipe.seed)
         model = make_model(task.src_vocab, task.tgt_vocab, recipe.model).to(device)
-        seed_dropout(recipe.seed)  # the same initial weights in every process, but each its own dropout
-        optimizer, scheduler = make_optimizer(model, recipe.model.d_model, recipe.factor, recipe.warmup)
-        criterion = LabelSmoothing(task.tgt_vocab, PAD, recipe.model.label_smoothing)
-        state = run.resume(recipe, model, optimizer, scheduler, device, rank, world) if resume else TrainingState()
-        accum = accumulation_steps(recipe, world)
-        run.start(recipe, device, world, accum, resume)
         if compile:
             model.compile()  # in place: the module, its parameters and their names stay the same
-        learner = share_gradients(model, device)
-        autocast = device.type == "cuda" and torch.cuda.is_bf16_supported()
         src_lengths, tgt_lengths = pair_lengths(task.train)
-        check_same_data(len(src_lengths), sum(src_lengths), sum(tgt_lengths), task.src_vocab)
+        data = (len(src_lengths), sum(src_lengths), sum(tgt_lengths), task.src_vocab)  # the same in every process
+        processes = Processes(model, device, recipe.seed, data)
+        optimizer, scheduler = make_optimizer(model, recipe.model.d_model, recipe.factor, recipe.warmup)
+        criterion = LabelSmoothing(task.tgt_vocab, PAD, recipe.model.label_smoothing)
+        world, accum = processes.world, accumulation_steps(recipe, processes.world)
+        state = run.resume(recipe, model, optimizer, scheduler, device, rank, world) if resume else TrainingState()
+        run.start(recipe, device, world, accum, resume)
+        autocast = device.type == "cuda" and torch.cuda.is_bf16_supported()
         end = recipe.steps if stop_after is None else min(recipe.steps, stop_after)
         started, saved_at = time.perf_counter() - state.elapsed_s, time.perf_counter()
         window_start = saved_at
@@ -324,11 +314,11 @@ def train(recipe: Recipe, run_dir, *, device=None, resume: bool = False, progres
                 batches = token_batches(src_lengths, tgt_lengths, recipe.max_tokens, recipe.seed + state.epoch)
                 order = split_for_processes(batches, world)
             update = order[state.position:state.position + world * accum]  # the same in every process, shared out
-            mine, normalizer = process_share(update, tgt_lengths)
+            mine, normalizer = processes.share(update, tgt_lengths)
             group = [batches_of(task.train, b).to(device) for b in mine]
-            loss, ntokens = accumulate_gradients(learner, group, criterion, autocast, normalizer)
+            loss, ntokens = accumulate_gradients(processes.learner, group, criterion, autocast, normalizer)
             due = time.perf_counter() - saved_at >= 60 * (recipe.checkpoint_minutes or math.inf)
-            loss, ntokens, due = sum_over_processes(loss, ntokens, due, device)
+            loss, ntokens, due = processes.total(loss, ntokens, due)
             if not math.isfinite(loss):
                 raise FloatingPointError(f"the loss became {loss} at update {state.step + 1}; lower the learning rate "
                                          "(factor) or set clip_norm, and resume from the last checkpoint")
@@ -350,12 +340,12 @@ def train(recipe: Recipe, run_dir, *, device=None, resume: bool = False, progres
                 state.window_loss, state.window_tokens, window_start = 0.0, 0, time.perf_counter()
             if state.step % recipe.checkpoint_every == 0 or state.step == end or due:
                 state.elapsed_s = time.perf_counter() - started
-                rng, processes = gather_rng_states(rng_state(device), model, state.step)
+                rng, shares = processes.random_states(rng_state(device), state.step)
                 run.save({"config": recipe.to_dict()["model"], "recipe": recipe.to_dict(), "src_vocab": task.src_vocab,
                           "tgt_vocab": task.tgt_vocab, "vocab": task.vocab, "model": model.state_dict(),
                           "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "step": state.step,
                           "epoch": state.epoch, "position": state.position, "elapsed_s": state.elapsed_s,
-                          "window": (state.window_loss, state.window_tokens), "rng": rng, **processes},
+                          "window": (state.window_loss, state.window_tokens), "rng": rng, **shares},
                          state.step, recipe.keep_checkpoints)
                 saved_at = time.perf_counter()
         summary = {"recipe": recipe.name, "device": str(device), "steps": state.step,
@@ -364,33 +354,3 @@ def train(recipe: Recipe, run_dir, *, device=None, resume: bool = False, progres
         if rank == 0 and summary["finished"]:  # a run stopped during this evaluation resumes to run it alone
             summary.update(task.evaluate(model.eval(), device))
         return run.finish(summary)
-
-# %% ../book/06_training.ipynb #ff02bb07
-# The modules whose source decides what a run computes: a change to any of them trains anew.
-_RUN_MODULES = ("attention", "multi_head", "layers", "encoding", "model", "data", "runs", "distributed", "training",
-                "translation", "text", "wmt")  # the tasks' data, vocabularies and translators
-
-
-def cached_run(recipe: Recipe, *, device=None, progress: bool = True) -> Path:
-    """The run directory of `recipe` trained to its last update, from the run cache `data_dir()/runs`.
-
-    The folder is named after the recipe and a hash of all its settings and of the source of the modules that
-    build, train and feed the model, so a changed recipe or a change to that code is a new run. A finished run
-    is returned as it is (a process that is training it is waited for); an interrupted one is resumed from its newest checkpoint; otherwise the recipe is
-    trained (with `train`) into it. Chapters use it so that a model trained once serves them all.
-    """
-    key = hashlib.sha256(json.dumps(recipe.to_dict(), sort_keys=True).encode())
-    package = Path(inspect.getfile(make_model)).resolve().parent  # the package's folder (also from the notebook)
-    for module in _RUN_MODULES:
-        key.update((package / f"{module}.py").read_bytes())
-    run_dir = data_dir() / "runs" / f"{recipe.name}-{key.hexdigest()[:12]}"
-    summary = run_dir / "summary.json"
-    run_dir.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(run_dir.with_name(run_dir.name + ".lock")):  # another process training it: wait for it, then use it
-        if summary.exists() and read_json(summary).get("finished"):
-            return run_dir
-        resume = bool(list_checkpoints(run_dir))
-        if not resume and run_dir.exists():  # stopped before its first checkpoint: nothing in it can be resumed
-            shutil.rmtree(run_dir)
-        train(recipe, run_dir, device=device, resume=resume, progress=progress)
-    return run_dir

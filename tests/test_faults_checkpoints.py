@@ -106,12 +106,18 @@ def test_processes_compare_the_digest_that_the_checkpoint_stores(monkeypatch):
 
     monkeypatch.setattr(distributed, "rank_and_world_size", lambda: (0, 2))
     monkeypatch.setattr(distributed.dist, "all_gather_object", all_gather_object)
-    gathered.append((rng, weights_digest(model)))
-    states, processes = distributed.gather_rng_states(rng, model, 5)
-    assert processes == {"world_size": 2} and len(states["processes"]) == 2  # save_checkpoint stores the digest
+    monkeypatch.setattr(distributed.nn.parallel, "DistributedDataParallel", lambda model, **kwargs: model)
+    gathered.append((1, 2))  # the other process read the same data
+    processes = distributed.Processes(model, torch.device("cpu"), seed=0, data=(1, 2))
+    gathered[0] = (rng, weights_digest(model))
+    states, recorded = processes.random_states(rng, 5)
+    assert recorded == {"world_size": 2} and len(states["processes"]) == 2  # save_checkpoint stores the digest
     gathered[0] = (rng, weights_digest(small_model(seed=1)))
     with pytest.raises(RuntimeError, match="copies of the model differ at update 5"):
-        distributed.gather_rng_states(rng, model, 5)
+        processes.random_states(rng, 5)
+    gathered[0] = (1, 3)
+    with pytest.raises(ValueError, match="the processes read different training data"):
+        distributed.Processes(model, torch.device("cpu"), seed=0, data=(1, 2))
 
 
 # A configuration that does not fit its weights

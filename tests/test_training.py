@@ -14,14 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from annotated_transformer import make_model
-from annotated_transformer.distributed import (
-    check_same_data,
-    gather_rng_states,
-    rank_and_world_size,
-    seed_dropout,
-    share_gradients,
-    sum_over_processes,
-)
+from annotated_transformer.distributed import Processes, rank_and_world_size
 from annotated_transformer.runs import (
     RECIPES,
     TASKS,
@@ -594,13 +587,13 @@ def test_with_one_process_the_distributed_helpers_change_nothing():
     cpu = torch.device("cpu")
     model = torch.nn.Linear(2, 2)
     assert rank_and_world_size() == (0, 1)
-    assert share_gradients(model, cpu) is model
-    assert sum_over_processes(3.5, 7, True, cpu) == (3.5, 7, True)
-    rng = rng_state(cpu)
-    assert gather_rng_states(rng, model, 1) == (rng, {})  # the checkpoint stores this process's state as it is
-    check_same_data(1, 2, 3)
     torch.manual_seed(5)
-    seed_dropout(0)  # one process keeps the stream that made the weights
+    processes = Processes(model, cpu, seed=0, data=(1, 2, 3))  # one process keeps the stream that made the weights
     after = torch.rand(2)
     torch.manual_seed(5)
     assert torch.equal(after, torch.rand(2))
+    assert (processes.rank, processes.world) == (0, 1) and processes.learner is model
+    assert processes.share([[0, 1], [2]], [4, 5, 6]) == ([[0, 1], [2]], None)  # accumulate_gradients counts itself
+    assert processes.total(3.5, 7, True) == (3.5, 7, True)
+    rng = rng_state(cpu)
+    assert processes.random_states(rng, 1) == (rng, {})  # the checkpoint stores this process's state as it is

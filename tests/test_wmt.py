@@ -429,7 +429,7 @@ def test_a_two_process_run_killed_and_resumed_makes_the_same_updates(tmp_path):
 _GRADIENTS = """
 import sys, torch, torch.distributed as dist
 from annotated_transformer import make_model
-from annotated_transformer.distributed import process_share, share_gradients, split_for_processes
+from annotated_transformer.distributed import Processes, split_for_processes
 from annotated_transformer.training import (LabelSmoothing, accumulate_gradients, batches_of, copy_task, pair_lengths,
                                             token_batches)
 world = int(sys.argv[2]) if len(sys.argv) > 2 else 1
@@ -440,9 +440,9 @@ model = make_model(13, 13, N=1, d_model=32, d_ff=64, h=4, dropout=0.0)
 pairs = copy_task(200, seed=3)
 lengths = pair_lengths(pairs)
 update = split_for_processes(token_batches(*lengths, 120, seed=0), 2)[:6]  # 3 batches a process
-mine, normalizer = process_share(update, lengths[1])  # the training loop's own share and normalizer
-learner = share_gradients(model, torch.device("cpu"))
-accumulate_gradients(learner, [batches_of(pairs, b) for b in mine], LabelSmoothing(13, 0, 0.1), normalizer=normalizer)
+processes = Processes(model, torch.device("cpu"), seed=0, data=len(pairs))
+mine, normalizer = processes.share(update, lengths[1])  # the training loop's own share and normalizer
+accumulate_gradients(processes.learner, [batches_of(pairs, b) for b in mine], LabelSmoothing(13, 0, 0.1), normalizer=normalizer)
 torch.save([p.grad for p in model.parameters()], f"{sys.argv[1]}/{dist.get_rank() if world > 1 else 'one'}.pt")
 """
 

@@ -1,0 +1,63 @@
+"""The run cache (`annotated_transformer.cache`): one training per recipe and code, resumed when interrupted."""
+
+import json
+
+import pytest
+
+from annotated_transformer import cache as run_cache
+from annotated_transformer.runs import RECIPES
+from annotated_transformer.training import train
+
+
+def test_cached_run_trains_once_resumes_an_interrupted_run_and_keys_on_the_settings(cache, monkeypatch):
+    recipe = RECIPES["copy"].replace(
+        N=1, d_model=16, d_ff=32, h=2, steps=12, warmup=4, eval_every=4, checkpoint_every=4
+    )
+    calls = []
+
+    def interrupted_once(recipe, run_dir, **kwargs):
+        calls.append(kwargs["resume"])
+        if len(calls) == 1:  # the first run is killed after 8 of its 12 updates, as by Ctrl-C or a pre-emption
+            train(recipe, run_dir, **kwargs, stop_after=8)
+            raise KeyboardInterrupt
+        return train(recipe, run_dir, **kwargs)
+
+    monkeypatch.setattr(run_cache, "train", interrupted_once)
+    with pytest.raises(KeyboardInterrupt):
+        run_cache.cached_run(recipe, progress=False)
+    run = run_cache.cached_run(recipe, progress=False)
+    assert calls == [False, True]  # the second call resumed the interrupted run
+    assert run.parent == cache / "runs" and run.name.startswith("copy-")
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["finished"] and summary["steps"] == 12
+    assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [4, 8, 12]
+    assert run_cache.cached_run(recipe, progress=False) == run and len(calls) == 2  # finished: not trained again
+
+    # Other settings are another run. One killed before its first checkpoint left a folder with nothing to resume:
+    # the next call starts it afresh instead of refusing the folder.
+    other = recipe.replace(seed=1)
+
+    def killed_at_once(recipe, run_dir, **kwargs):
+        run_dir.mkdir(parents=True)
+        (run_dir / "metrics.jsonl").write_text("")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run_cache, "train", killed_at_once)
+    with pytest.raises(KeyboardInterrupt):
+        run_cache.cached_run(other, progress=False)
+    monkeypatch.setattr(run_cache, "train", train)
+    other_run = run_cache.cached_run(other, progress=False)
+    assert other_run.parent == run.parent and other_run != run
+    assert json.loads((other_run / "summary.json").read_text())["finished"]
+
+
+def test_every_module_that_can_change_a_run_is_in_the_key(tmp_path):
+    in_key = {p.stem for p in run_cache.run_modules()}
+    assert {"model", "training", "runs", "distributed", "data", "text", "translation", "wmt"} <= in_key
+    assert not in_key & {"cli", "charts", "viz", "bench", "cache", "__init__"}  # they only show or measure runs
+    # A module added to the package later is in the key without anyone listing it.
+    package = tmp_path / "annotated_transformer"
+    package.mkdir()
+    for name in ("training.py", "cli.py", "new_idea.py"):
+        (package / name).write_text("")
+    assert [p.name for p in run_cache.run_modules(package)] == ["new_idea.py", "training.py"]

@@ -356,7 +356,7 @@ RECIPE_DESCRIPTIONS = {
     "wmt14-big": "the paper's big model on WMT14 English to German (after `prepare wmt14-en-de`); for GPUs (the "
                  "paper: 3.5 days on 8 P100s)",
     "wmt14-sample-tiny": "a small model on the 10,000-pair WMT14 sample (after `prepare wmt14-en-de --corpus sample`), "
-                         "the scaling chapter's run; a few minutes in two processes on 2 CPU cores",
+                         "to try the WMT path on a CPU (it does not learn to translate); a few minutes in two processes",
 }
 
 # %% ../book/a2_runs.ipynb #910887bd

@@ -58,15 +58,8 @@ _MODULES = {  # module: the public names it exports through the package
     "text": ["Subwords", "Vocab", "WordTokenizer", "multi30k_subwords", "text_codec"],
     "cache": ["cached_run", "run_modules"],
     "charts": ["chart_html", "chart_png", "markdown_table", "use_book_charts", "vendor_javascript"],
-    "bench": [
-        "bench_table",
-        "bench_training",
-        "bench_translation",
-        "decoding_time_split",
-        "run_benchmark",
-        "use_path",
-        "write_benchmark",
-    ],
+    "bench": ["bench_training", "bench_translation", "decoding_time_split", "run_benchmark", "use_path"],
+    "measure": ["PeakMemory", "bench_table", "summarize", "write_benchmark"],
     "viz": [
         "CapturedAttention",
         "attention_chart",

@@ -4,13 +4,11 @@
 
 # %% auto #0
 __all__ = ['BENCH_RECIPE', 'PEAK_BF16_FLOPS', 'stacked', 'FusedMultiHeadedAttention', 'use_path', 'straightforward_batches',
-           'summarize', 'PeakMemory', 'peak_flops', 'training_flops', 'bench_training', 'traced_calls',
-           'decoding_time_split', 'bench_translation', 'run_benchmark', 'bench_table', 'write_benchmark']
+           'peak_flops', 'training_flops', 'bench_training', 'traced_calls', 'decoding_time_split', 'bench_translation',
+           'run_benchmark']
 
 # %% ../book/10_speed.ipynb #9321eae2
-import ctypes
 import dataclasses
-import gc
 import random
 import re
 import statistics
@@ -26,8 +24,9 @@ from torch import Tensor, nn
 
 from .model import EncoderDecoder, TransformerConfig, make_model
 from .multi_head import MultiHeadedAttention
-from .data import atomic_file, load_multi30k, write_json
-from .runs import (RECIPES, Recipe, check_device, commit, device_name, device_slug,
+from .data import load_multi30k
+from .measure import PeakMemory, spread, summarize, sync, time_updates, typical_batches
+from .runs import (RECIPES, check_device, commit, device_name,
                                         load_task)
 from .training import (PAD, LabelSmoothing, accumulate_gradients, batches_of, make_optimizer,
                                             padding_fraction, token_batches)
@@ -72,75 +71,9 @@ def straightforward_batches(n_pairs: int, sentences_per_batch: int, seed: int) -
     return [order[i:i + sentences_per_batch] for i in range(0, n_pairs, sentences_per_batch)]
 
 # %% ../book/10_speed.ipynb #66cc463b
-# The CPU recipe's model and data as the recorded benchmark (results/bench-*.json) measured them: the multi30k-cpu
-# recipe of that time, with word vocabularies (words seen twice) and dropout 0.1. Written out in full, so that later
-# changes to the recipe leave the benchmark as it was recorded; its name in the results stays multi30k-cpu.
-BENCH_RECIPE = Recipe(
-    name="multi30k-cpu", task="multi30k", direction="de-en", min_freq=2,
-    model=TransformerConfig(N=3, d_model=256, d_ff=512, h=4, dropout=0.1, label_smoothing=0.1),
-    max_tokens=2000, steps=1500, warmup=200, factor=0.25, clip_norm=1.0, eval_every=100, checkpoint_every=50,
-    keep_checkpoints=10, average_checkpoints=10)
-
-# %% ../book/10_speed.ipynb #85abd1b1
-def summarize(values) -> dict:
-    "Median, minimum, maximum and count of repeated measurements."
-    values = list(values)
-    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
-
-
-def _resident_peak() -> int | None:
-    "The process's peak resident set size in bytes since it was last reset (Linux), or None."
-    try:
-        status = Path("/proc/self/status").read_text()
-    except OSError:
-        return None
-    found = re.search(r"VmHWM:\s+(\d+) kB", status)
-    return int(found.group(1)) * 1024 if found else None
-
-
-class PeakMemory:
-    """The peak memory of what runs inside the `with` block, in bytes, as `.bytes` afterwards.
-
-    On a GPU: CUDA's largest allocated memory (`torch.cuda.max_memory_allocated`), reset on entry. On a CPU:
-    the whole process's peak resident set size, reset on entry through Linux's /proc/self/clear_refs after
-    handing freed memory back to the system (glibc's `malloc_trim`), so it includes what is in use before
-    (the interpreter, PyTorch, the data) but not what earlier work freed. None where it cannot be measured.
-    """
-
-    def __init__(self, device):
-        self.device, self.bytes, self._reset = torch.device(device), None, False
-
-    def __enter__(self) -> "PeakMemory":
-        gc.collect()
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
-        else:
-            try:
-                ctypes.CDLL("libc.so.6").malloc_trim(0)  # freed heap back to the system, out of the resident size
-            except (OSError, AttributeError):
-                pass  # not glibc: the peak may include memory freed earlier
-            try:
-                Path("/proc/self/clear_refs").write_text("5")  # "5" resets the peak resident size (Linux >= 4.0)
-                self._reset = True
-            except OSError:
-                self._reset = False
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            self.bytes = torch.cuda.max_memory_allocated(self.device)
-        elif self._reset:
-            self.bytes = _resident_peak()
-
-
-def _sync(device: torch.device) -> None:
-    "Wait for the device to finish queued work, so that a clock reading means something."
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    elif device.type == "mps":
-        torch.mps.synchronize()
+# What the benchmark measures: the results chapter's translator, the multi30k-cpu recipe as it is now (its model, its
+# subword data and its token budget), and the paper's base model on the same batches.
+BENCH_RECIPE = RECIPES["multi30k-cpu"]
 
 # %% ../book/10_speed.ipynb #20de3258
 # Dense bf16 peak of the tensor cores, FLOP/s, from NVIDIA's data sheets (without sparsity). Name fragments are
@@ -181,14 +114,6 @@ def training_flops(model: EncoderDecoder, src_lengths, tgt_lengths) -> float:
     return 6 * (per_src * float(s.sum()) + per_tgt * float(t.sum())) + attention
 
 # %% ../book/10_speed.ipynb #6cfdf973
-def _typical_batches(batches: list[list[int]], tgt_lengths, updates: int, warmup: int) -> tuple[list, list]:
-    "The `warmup` and the `updates` batches whose real target tokens are nearest the median (the latter nearest)."
-    real = [sum(tgt_lengths[i] for i in b) for b in batches]
-    typical = statistics.median(real)
-    order = sorted(range(len(batches)), key=lambda i: (abs(real[i] - typical), i))
-    return [batches[i] for i in order[updates:updates + warmup]], [batches[i] for i in order[:updates]]
-
-
 def _training_step(config: TransformerConfig, src_vocab: int, tgt_vocab: int, path: str, device: torch.device,
                    seed: int):
     """A fresh model on `path`, and a function that trains it on one batch and returns the batch's real target
@@ -212,58 +137,45 @@ def _training_step(config: TransformerConfig, src_vocab: int, tgt_vocab: int, pa
     return model, step, {"bf16_autocast": autocast, "fused_adam": bool(optimizer.defaults.get("fused"))}
 
 
-def _time_updates(step, batches: list, warmup: int, repeats: int, compiled: bool, device: torch.device):
-    """Seconds of the warm-up (the first `warmup` batches, and all of them when `compiled`), then the real target
-    tokens per second of each of `repeats` passes over the rest."""
-    _sync(device)
-    start = time.perf_counter()
-    # Compiling happens in the first calls, once per new batch shape: a compiled run sees the timed batches once
-    # during the warm-up, so that the timing measures the compiled code and not the compiler.
-    for b in batches[:warmup] + (batches[warmup:] if compiled else []):
-        step(b)
-    _sync(device)
-    warmup_s, rates = time.perf_counter() - start, []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        tokens = sum(step(b) for b in batches[warmup:])
-        _sync(device)
-        rates.append(tokens / (time.perf_counter() - start))
-    return warmup_s, rates
-
 # %% ../book/10_speed.ipynb #279a7c7b
 def bench_training(config: TransformerConfig, pairs, src_vocab: int, tgt_vocab: int, path: str, device, *,
-                   max_tokens: int, updates: int = 2, warmup: int = 1, repeats: int = 3, seed: int = 0) -> dict:
+                   max_tokens: int, batching: str | None = None, updates: int = 2, warmup: int = 1, repeats: int = 3,
+                   seed: int = 0) -> dict:
     """Training throughput of one configuration: real (non-padding) target tokens per second, median of `repeats`.
 
     `path` is "straightforward" (the book's explicit attention with separate projections, float32, sentences in
     random order padded to each batch's longest), "fast" (fused projections and PyTorch's attention function,
     length-bucketed token-budget batches, and on CUDA bf16 autocast) or "compiled" (fast, with `torch.compile`).
-    Every path uses the training chapter's `make_optimizer` (a fused Adam on CUDA). Both batchings hold the same
-    number of sentences per batch on average, about `max_tokens` real tokens. Each repetition times the same
+    Every path uses the training chapter's `make_optimizer` (a fused Adam on CUDA). `batching` ("random" or
+    "length", by default the path's own) sets the batches apart from the path, to separate the two effects; both
+    hold the same number of sentences per batch on average, about `max_tokens` real tokens. Each repetition times the same
     `updates` typical updates after `warmup` untimed ones (and, when compiled, an untimed pass over the timed
     batches). Padding is reported for the epoch and for the timed batches.
     """
     if path not in ("straightforward", "fast", "compiled"):
         raise ValueError(f"path must be 'straightforward', 'fast' or 'compiled', got {path!r}")
+    batching = batching or ("random" if path == "straightforward" else "length")
+    if batching not in ("random", "length"):
+        raise ValueError(f"batching must be 'random' or 'length', got {batching!r}")
     device = torch.device(device)
     src_lengths, tgt_lengths = [len(s) for s, _ in pairs], [len(t) - 1 for _, t in pairs]
     buckets = token_batches(src_lengths, tgt_lengths, max_tokens, seed)
-    batches = (buckets if path != "straightforward"
+    batches = (buckets if batching == "length"
                else straightforward_batches(len(pairs), round(len(pairs) / len(buckets)), seed))
     if len(batches) < warmup + updates:
         raise ValueError(f"{len(pairs)} sentence pairs make {len(batches)} batches, fewer than the {warmup + updates} "
                          "updates asked for")
-    warm, picked = _typical_batches(batches, tgt_lengths, updates, warmup)
+    warm, picked = typical_batches(batches, tgt_lengths, updates, warmup)
     chosen = [batches_of(pairs, b).to(device) for b in warm + picked]
     with PeakMemory(device) as memory:
         model, step, settings = _training_step(config, src_vocab, tgt_vocab, path, device, seed)
-        warmup_s, rates = _time_updates(step, chosen, warmup, repeats, path == "compiled", device)
+        warmup_s, rates = time_updates(step, chosen, warmup, repeats, path == "compiled", device)
     timed = chosen[warmup:]
     flops = sum(training_flops(model, b.src_mask.sum((1, 2)).tolist(), (b.tgt_y != PAD).sum(1).tolist()) for b in timed)
     tokens = sum(b.ntokens for b in timed)
     peak = peak_flops(device_name(str(device))) if device.type == "cuda" else None
     achieved = flops / tokens * statistics.median(rates)
-    return {"path": path, "tokens_per_s": summarize(rates), "warmup_s": warmup_s,
+    return {"path": path, "batching": batching, "tokens_per_s": summarize(rates), "warmup_s": warmup_s,
             "real_tokens_per_update": tokens / len(timed),
             "sentences_per_update": sum(b.src.size(0) for b in timed) / len(timed),
             "padding_fraction": {"source": padding_fraction(batches, src_lengths),
@@ -333,7 +245,7 @@ def decoding_time_split(model: EncoderDecoder, sources, batch_size: int, beam_si
 def _decode(model: EncoderDecoder, sources, batch_size: int, beam_size: int, cache: bool) -> list[list[int]]:
     "`decode_batches` with §6.1's settings, finished on the device before it returns (so that timing it means something)."
     out = decode_batches(model, sources, batch_size, beam_size, cache=cache)
-    _sync(next(model.parameters()).device)
+    sync(next(model.parameters()).device)
     return out
 
 
@@ -377,29 +289,23 @@ def bench_translation(model: EncoderDecoder, sources, device, batch_sizes=(1, 64
     return results
 
 # %% ../book/10_speed.ipynb #3e44504c
-def _spread(items: list, n: int) -> list:
-    "n items spread evenly over `items` (all of them when n >= len(items)), in their order."
-    if n >= len(items):
-        return list(items)
-    return [items[i * len(items) // n] for i in range(n)]
-
-
-def _measure_training(models: dict, task, device: torch.device, paths: list[str], progress, **timing) -> list[dict]:
-    """`bench_training` for each of `models` (name -> (config, max_tokens)) on each of `paths`, with each result's
-    speed-up over the straightforward path. A compiled path that fails (no compiler, say) is recorded, not raised."""
+def _measure_training(models: dict, task, device: torch.device, cases: dict, progress, **timing) -> list[dict]:
+    """`bench_training` for each of `models` (name -> (config, max_tokens)) in each of its `cases` (name -> a list
+    of (path, batching), the straightforward path first), with each result's speed-up over that first one. A
+    compiled path that fails (no compiler, say) is recorded, not raised."""
     training = []
     for model_name, (config, max_tokens) in models.items():
         straightforward = None
-        for path in paths:
-            progress(f"training {model_name}: {path}")
+        for path, batching in cases[model_name]:
+            progress(f"training {model_name}: {path}, {batching} batches")
             entry = {"model": model_name, "config": dataclasses.asdict(config), "max_tokens": max_tokens}
             try:
                 r = bench_training(config, task.train, task.src_vocab, task.tgt_vocab, path, device,
-                                   max_tokens=max_tokens, **timing)
+                                   max_tokens=max_tokens, batching=batching, **timing)
             except Exception as err:  # noqa: BLE001 - e.g. torch.compile without a compiler: record it, go on
                 if path != "compiled":
                     raise
-                training.append({**entry, "path": path, "error": f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"})
+                training.append({**entry, "path": path, "batching": batching, "error": f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"})
                 continue
             straightforward = straightforward or r["tokens_per_s"]["median"]
             training.append({**entry, **r, "speedup": r["tokens_per_s"]["median"] / straightforward})
@@ -416,7 +322,7 @@ def _measure_translation(translator: Translator, device: torch.device, counts: d
     translation = []
     for batch_size, n in counts.items():
         progress(f"translation: batch size {batch_size}, {min(n, len(ids))} sentences")
-        cases = bench_translation(translator.model, _spread(ids, n), device, batch_sizes=(batch_size,), repeats=repeats)
+        cases = bench_translation(translator.model, spread(ids, n), device, batch_sizes=(batch_size,), repeats=repeats)
         for case in cases:
             other = next(c for c in cases if c["beam_size"] == case["beam_size"] and not c["cache"])
             case["speedup"] = case["tokens_per_s"]["median"] / other["tokens_per_s"]["median"]
@@ -432,9 +338,10 @@ def run_benchmark(device=None, checkpoint=None, repeats: int = 3, updates: int |
                   progress=print) -> dict:
     """Measure training and translation throughput on one machine; returns the results (see `write_benchmark`).
 
-    Training: for each of `models` (name -> (TransformerConfig, max_tokens); default `BENCH_RECIPE`'s
-    model, named multi30k-cpu, and the paper's base model) the straightforward and the fast path, and the compiled one when
-    `compile` (default: on CUDA only), on Multi30k's training batches. Translation, when `checkpoint` (a list of
+    Training: for each of `models` (name -> (TransformerConfig, max_tokens); default `BENCH_RECIPE`'s model and
+    the paper's base model) the straightforward and the fast path, and the compiled one when `compile` (default: on
+    CUDA only), on Multi30k's training batches; for the first model also each path with the other's batches, which
+    separates what batching gains from what the kernels gain. Translation, when `checkpoint` (a list of
     checkpoint paths of a Multi30k translator, averaged when several) is given: greedy and beam-4 decoding at
     batch sizes 1 and 64, with and without the cache, on `sentences` (batch size -> count; default 32 and 256
     on a CPU, 100 and 1,000 on a GPU) sentences spread over the test set. `progress` receives a line per case.
@@ -443,7 +350,7 @@ def run_benchmark(device=None, checkpoint=None, repeats: int = 3, updates: int |
     on_gpu = device.type == "cuda"
     recipe = BENCH_RECIPE
     if models is None:
-        models = {"multi30k-cpu": (recipe.model, recipe.max_tokens),
+        models = {recipe.name: (recipe.model, recipe.max_tokens),
                   "base": (TransformerConfig.base(), RECIPES["multi30k-gpu"].max_tokens if on_gpu else recipe.max_tokens)}
     compile = on_gpu if compile is None else compile
     updates, warmup = updates or (10 if on_gpu else 2), 3 if on_gpu else 1
@@ -460,8 +367,10 @@ def run_benchmark(device=None, checkpoint=None, repeats: int = 3, updates: int |
         result["compile"] = ("not measured: off by default on CPUs, where compiling takes minutes (see the book's "
                              "chapter on speed); pass compile=True (--compile) to measure it") if not on_gpu \
             else "not measured (compile=False)"
-    paths = ["straightforward", "fast"] + (["compiled"] if compile else [])
-    result["training"] = _measure_training(models, load_task(recipe), device, paths, progress, updates=updates,
+    paths = [("straightforward", "random"), ("fast", "length")] + ([("compiled", "length")] if compile else [])
+    ablation = [("straightforward", "length"), ("fast", "random")]  # each change alone, for the first model
+    cases = {name: paths + (ablation if i == 0 else []) for i, name in enumerate(models)}
+    result["training"] = _measure_training(models, load_task(recipe), device, cases, progress, updates=updates,
                                            warmup=warmup, repeats=repeats)
     if translator is None:
         result["translation"] = "not measured: no trained checkpoint was given"
@@ -472,83 +381,3 @@ def run_benchmark(device=None, checkpoint=None, repeats: int = 3, updates: int |
                                    "tgt_vocab": len(translator.codec.token_texts()),
                                    "src_vocab": len(translator.codec.token_texts(source=True))}
     return result
-
-# %% ../book/10_speed.ipynb #3341493a
-def _number(x: float) -> str:
-    return f"{x:,.0f}" if x >= 100 else f"{x:,.1f}" if x >= 10 else f"{x:.2f}"
-
-
-def _rate(stats: dict) -> str:
-    return f"{_number(stats['median'])} ({_number(stats['min'])}–{_number(stats['max'])})"
-
-
-def _bytes(n: int | None) -> str:
-    return "–" if n is None else f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:,.0f} MiB"
-
-
-def _case(r: dict) -> str:
-    "The first cells of a translation row: batch size, decoding, cache."
-    decoding = "greedy" if r["beam_size"] == 1 else f"beam {r['beam_size']}"
-    return f"| {r['batch_size']} | {decoding} | {'yes' if r['cache'] else 'no'} |"
-
-# %% ../book/10_speed.ipynb #9449c636
-def _training_table(result: dict) -> list[str]:
-    "The training table's lines: one row per model and path, a failed path with its error."
-    lines = ["| model | path | real target tokens/s | × straightforward | padding (target) | real target tokens / update "
-             "| peak memory | MFU (of bf16 peak) |", "|---|---|---|---|---|---|---|---|"]
-    for r in result["training"]:
-        if "error" in r:
-            lines.append(f"| {r['model']} | {r['path']} | failed: {r['error']} | | | | | |")
-            continue
-        mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "–"
-        lines.append(f"| {r['model']} | {r['path']} | {_rate(r['tokens_per_s'])} | {r['speedup']:.2f}× | "
-                     f"{100 * r['padding_fraction']['target']:.0f}% | {r['real_tokens_per_update']:,.0f} | "
-                     f"{_bytes(r['peak_memory_bytes'])} | {mfu} |")
-    return lines
-
-
-def _translation_tables(translation: list[dict]) -> list[str]:
-    "The translation table's lines, then the time splits' table."
-    lines = ["| batch | decoding | cache | target tokens/s | sentences/s | × uncached | GFLOP | FLOPs saved "
-             "| same translations | peak memory |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in translation:
-        lines.append(f"{_case(r)} {_rate(r['tokens_per_s'])} | {_rate(r['sentences_per_s'])} | "
-                     f"{r['speedup']:.2f}× | {r['flops'] / 1e9:,.1f} | {r['flop_ratio']:.1f}× | "
-                     f"{100 * r['same_as_other_path']:.0f}% | {_bytes(r['peak_memory_bytes'])} |")
-    lines += ["", "One more run of each case, split into its parts, in seconds (only the decoder's work differs "
-              "between the paths). The last column is the most any cache could give: the uncached total over the "
-              "cached one without its decoder.", "",
-              "| batch | decoding | cache | encoder | decoder | output layer | search | total | × uncached, at most |",
-              "|---|---|---|---|---|---|---|---|---|"]
-    for r in translation:
-        s = r["seconds"]
-        bound = f"{r['speedup_bound']:.1f}×" if r["cache"] else "–"
-        lines.append(f"{_case(r)} {s['encoder']:.2f} | {s['decoder']:.2f} | {s['output_layer']:.2f} | "
-                     f"{s['search']:.2f} | {s['total']:.2f} | {bound} |")
-    return lines
-
-
-def bench_table(result: dict) -> str:
-    "`run_benchmark`'s result as Markdown tables: medians with (min–max), ratios between paths of the same run."
-    lines = [f"Measured on **{result['device_name']}** ({result['device']}, {result['threads']} threads), "
-             f"PyTorch {result['torch_version']}, {result['date']}; median (min–max) of "
-             f"{result['settings']['repeats']} repetitions.", "", *_training_table(result)]
-    if isinstance(result.get("compile"), str):
-        lines += ["", f"torch.compile: {result['compile']}."]
-    lines.append("")
-    if isinstance(result["translation"], str):
-        return "\n".join(lines + [f"Translation: {result['translation']}."])
-    return "\n".join(lines + _translation_tables(result["translation"]))
-
-
-def write_benchmark(result: dict, out_dir="results") -> tuple[Path, Path]:
-    "Write `result` as out_dir/bench-<device>.json and the tables as bench-<device>.md; returns both paths."
-    text = bench_table(result) + "\n"  # first: a result the table cannot show is refused before anything is written
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stem = out_dir / f"bench-{device_slug(result['device_name'])}"
-    write_json(stem.with_suffix(".json"), result)
-    table = stem.with_suffix(".md")
-    with atomic_file(table) as f:
-        f.write(text.encode())
-    return stem.with_suffix(".json"), table

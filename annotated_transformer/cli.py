@@ -515,7 +515,8 @@ def _add_bench(commands) -> None:
 
 def _bench(args) -> dict:
     "Run `bench`: measure, write the results files, print the table; returns the results."
-    from annotated_transformer.bench import bench_table, run_benchmark, write_benchmark
+    from annotated_transformer.bench import run_benchmark
+    from annotated_transformer.measure import bench_table, write_benchmark
 
     checkpoint = None
     if not args.no_translation:

@@ -19,20 +19,17 @@ from annotated_transformer import (
 from annotated_transformer.runs import RECIPES, device_slug
 from annotated_transformer.bench import (
     FusedMultiHeadedAttention,
-    PeakMemory,
-    bench_table,
     bench_training,
     bench_translation,
     decoding_time_split,
     peak_flops,
     run_benchmark,
     straightforward_batches,
-    summarize,
     traced_calls,
     training_flops,
     use_path,
-    write_benchmark,
 )
+from annotated_transformer.measure import PeakMemory, bench_table, summarize, write_benchmark
 from annotated_transformer.cli import main
 from annotated_transformer.training import BOS, EOS, PAD, Batch, LabelSmoothing, copy_task, pad_sequences
 from annotated_transformer.translation import decode_batches

@@ -55,7 +55,7 @@ _MODULES = {  # module: the public names it exports through the package
         "multi30k_data",
     ],
     "variations": ["PAPER_TABLE3", "Variation", "run_variations", "score_run", "table3_rows", "variations_table"],
-    "text": ["Subwords", "Vocab", "WordTokenizer", "multi30k_subwords", "text_codec"],
+    "text": ["Subwords", "Vocab", "WordTokenizer", "multi30k_subwords", "repeats_a_word", "text_codec"],
     "cache": ["cached_run", "run_modules"],
     "charts": ["chart_html", "chart_png", "markdown_table", "use_book_charts", "vendor_javascript"],
     "bench": ["bench_training", "bench_translation", "decoding_time_split", "run_benchmark", "use_path"],

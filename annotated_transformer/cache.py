@@ -14,18 +14,19 @@ from pathlib import Path
 
 from filelock import FileLock
 
+from . import runs
 from .data import data_dir, read_json
 from .runs import Recipe, list_checkpoints
 from .training import train
 
 # Modules that only show, measure or compare runs: a change to them leaves the cached runs as they are.
-_NOT_IN_RUNS = {"__init__", "__main__", "_modidx", "cache", "cli", "charts", "viz", "bench", "variations"}
+_NOT_IN_RUNS = {"__init__", "__main__", "_modidx", "cache", "cli", "charts", "viz", "bench", "measure", "variations"}
 
 
 def run_modules(package: Path | None = None) -> list[Path]:
     """The source files of the package (its folder `package`, by default this one's) whose change makes
     `cached_run` train anew: all but those that only show, measure or compare runs."""
-    package = package or Path(train.__code__.co_filename).resolve().parent  # also right from the notebook
+    package = package or Path(runs.__file__).resolve().parent
     return sorted(p for p in package.glob("*.py") if p.stem not in _NOT_IN_RUNS)
 
 

@@ -49,7 +49,7 @@ class CheckpointError(RuntimeError):
 def weights_digest(weights) -> str:
     """A fingerprint of a model's weights, `weights` being the model or its state dict: the sha256 of every
     tensor's name, type, shape and bytes, taken in the order of the names. Every checkpoint stores it, and processes
-    training together compare theirs (`gather_rng_states`)."""
+    training together compare theirs (`Processes.random_states`)."""
     if isinstance(weights, nn.Module):
         weights = weights.state_dict()
     digest = hashlib.sha256()
@@ -333,8 +333,8 @@ RECIPES = {
         model=TransformerConfig(d_model=1024, d_ff=4096, h=16, dropout=0.3),
         max_tokens=3125, tokens_per_update=25_000, steps=300_000, warmup=4000, factor=1.0, eval_every=1000,
         checkpoint_every=300_000, checkpoint_minutes=10, keep_checkpoints=20, average_checkpoints=20),
-    # The scaling chapter's live run: the 10,000-pair sample, a small model, two processes on a 2-core CPU in a few
-    # minutes. It runs every line of the distributed path; it does not learn to translate news.
+    # The 10,000-pair sample, a small model, two processes on a 2-core CPU in a few minutes: it runs every line of
+    # the WMT and distributed paths, but does not learn to translate.
     "wmt14-sample-tiny": Recipe(
         name="wmt14-sample-tiny", task="wmt14", direction="en-de", data="wmt14-en-de-sample",
         model=TransformerConfig(N=2, d_model=128, d_ff=256, h=4, dropout=0.1),

@@ -5,13 +5,14 @@ with spaCy and a vocabulary per language, subwords with SentencePiece, and one i
 
 # %% auto #0
 __all__ = ['PAD', 'BOS', 'EOS', 'UNK', 'SPECIALS', 'WordTokenizer', 'Vocab', 'tokenized_multi30k', 'Subwords',
-           'multi30k_subwords', 'WordCodec', 'SubwordCodec', 'text_codec']
+           'multi30k_subwords', 'WordCodec', 'SubwordCodec', 'text_codec', 'repeats_a_word']
 
 # %% ../book/a6_text.ipynb #ac05d26b
 import contextlib
 import functools
 import io
 import os
+import re
 import sys
 from collections import Counter
 
@@ -222,3 +223,11 @@ def text_codec(vocab: dict) -> WordCodec | SubwordCodec:
         raise ValueError(f"this checkpoint's vocabulary is of the kind {vocab['kind']!r}, which this version of the "
                          f"package does not read (it reads {', '.join(codecs)}); a newer version may")
     return codecs[vocab["kind"]](vocab)
+
+# %% ../book/a6_text.ipynb #6e3f9a52
+_REPEATED_WORD = re.compile(r"(?<![\w<])(<?[^\W\d_][\w'-]*>?)(?:\s+\1(?![\w>])){3,}", flags=re.IGNORECASE)
+
+
+def repeats_a_word(text: str) -> bool:
+    "Whether `text` has a word, or a symbol such as `<unk>`, four or more times in a row: a decoder's loop."
+    return _REPEATED_WORD.search(text) is not None

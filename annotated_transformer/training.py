@@ -340,12 +340,12 @@ def train(recipe: Recipe, run_dir, *, device=None, resume: bool = False, progres
                 state.window_loss, state.window_tokens, window_start = 0.0, 0, time.perf_counter()
             if state.step % recipe.checkpoint_every == 0 or state.step == end or due:
                 state.elapsed_s = time.perf_counter() - started
-                rng, shares = processes.random_states(rng_state(device), state.step)
+                rng, recorded = processes.random_states(rng_state(device), state.step)
                 run.save({"config": recipe.to_dict()["model"], "recipe": recipe.to_dict(), "src_vocab": task.src_vocab,
                           "tgt_vocab": task.tgt_vocab, "vocab": task.vocab, "model": model.state_dict(),
                           "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "step": state.step,
                           "epoch": state.epoch, "position": state.position, "elapsed_s": state.elapsed_s,
-                          "window": (state.window_loss, state.window_tokens), "rng": rng, **shares},
+                          "window": (state.window_loss, state.window_tokens), "rng": rng, **recorded},
                          state.step, recipe.keep_checkpoints)
                 saved_at = time.perf_counter()
         summary = {"recipe": recipe.name, "device": str(device), "steps": state.step,

@@ -17,6 +17,8 @@ import yaml
 from pybtex.database import parse_file
 from sphinxcontrib.bibtex.citation_target import parse_citation_targets
 
+from annotated_transformer.text import repeats_a_word
+
 ROOT = Path(__file__).resolve().parents[1]
 BOOK = ROOT / "book"
 HTML = ROOT / "_build" / "html"
@@ -187,20 +189,7 @@ def test_paper_chapters_show_their_code_in_short_cells(chapter):
     assert not long, f"{chapter}: exported cells over 80 lines ({{cell index: lines}}): {long}"
 
 
-# Chapters still longer than a reader finishes in a sitting; each must come under the limit (issue 32), and the
-# mark fails as soon as one does, so that it is taken off.
-TOO_LONG_FOR_NOW = {"book/10_speed"}
-
-
-@pytest.mark.parametrize(
-    "chapter",
-    [
-        pytest.param(c, marks=pytest.mark.xfail(strict=True, reason="not yet shortened"))
-        if c in TOO_LONG_FOR_NOW
-        else c
-        for c in PAPER_CHAPTERS
-    ],
-)
+@pytest.mark.parametrize("chapter", PAPER_CHAPTERS)
 def test_paper_chapters_are_at_most_60000_characters(chapter):
     "A chapter a reader finishes: at most 60,000 characters of prose and code (outputs aside)."
     cells = nbformat.read(ROOT / f"{chapter}.ipynb", as_version=4).cells
@@ -377,3 +366,23 @@ def test_each_chapter_links_on_to_the_next_one(chapter, following):
     line = re.split(r"\n\s*\n", last.source.strip())[-1] if last.cell_type == "markdown" else ""
     target = Path(following).name + ".ipynb"
     assert f"]({target}" in line, f"{chapter}: the summary's last line must link to {target}, the next chapter"
+
+
+def stored_texts(notebook: Path):
+    "The text a reader sees in a notebook's stored outputs: printed text, and plain or Markdown results."
+    for cell in nbformat.read(notebook, as_version=4).cells:
+        for output in cell.get("outputs", []):
+            data = output.get("data", {})
+            yield cell.id, "".join(output.get("text", "")) + data.get("text/plain", "") + data.get("text/markdown", "")
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.stem)
+def test_no_stored_output_shows_a_degenerate_translation(notebook):
+    "No output shows a decoder's loop (`repeats_a_word`), except the demonstration of the check itself."
+    demonstration = ("a6_text", "7f4a0b63")
+    found = [
+        f"{cell}: {text[:200]!r}"
+        for cell, text in stored_texts(notebook)
+        if repeats_a_word(text) and (notebook.stem, cell) != demonstration
+    ]
+    assert found == []

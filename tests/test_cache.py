@@ -45,16 +45,26 @@ def test_cached_run_trains_once_resumes_an_interrupted_run_and_keys_on_the_setti
     monkeypatch.setattr(run_cache, "train", killed_at_once)
     with pytest.raises(KeyboardInterrupt):
         run_cache.cached_run(other, progress=False)
+    killed = [p for p in run.parent.iterdir() if p.is_dir() and p != run]
+    assert len(killed) == 1 and not list((killed[0]).glob("*.json"))
     monkeypatch.setattr(run_cache, "train", train)
     other_run = run_cache.cached_run(other, progress=False)
-    assert other_run.parent == run.parent and other_run != run
+    assert other_run == killed[0] and other_run != run  # the same folder, started afresh
     assert json.loads((other_run / "summary.json").read_text())["finished"]
 
 
 def test_every_module_that_can_change_a_run_is_in_the_key(tmp_path):
     in_key = {p.stem for p in run_cache.run_modules()}
     assert {"model", "training", "runs", "distributed", "data", "text", "translation", "wmt"} <= in_key
-    assert not in_key & {"cli", "charts", "viz", "bench", "cache", "__init__"}  # they only show or measure runs
+    assert not in_key & {
+        "cli",
+        "charts",
+        "viz",
+        "bench",
+        "measure",
+        "cache",
+        "__init__",
+    }  # they only show or measure runs
     # A module added to the package later is in the key without anyone listing it.
     package = tmp_path / "annotated_transformer"
     package.mkdir()

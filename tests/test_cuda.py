@@ -20,7 +20,7 @@ from annotated_transformer.training import (
     train,
 )
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 # The copy recipe with dropout on, so that the random state decides what a resumed run computes.
 SHORT = RECIPES["copy"].replace(steps=40, eval_every=20, checkpoint_every=20, dropout=0.1)
@@ -65,7 +65,8 @@ def test_torch_compile_trains_on_cuda_as_the_eager_model_does(tmp_path):
     assert abs(compiled - eager) < 0.02 * eager  # the same computation, up to the order of float operations
 
 
-def test_torchrun_trains_over_nccl(tmp_path):
+def test_torchrun_starts_an_nccl_process_group_and_trains(tmp_path):
+    "One GPU, one process: NCCL is set up and the run goes through it (exchanging gradients needs two GPUs)."
     output = launch(
         1,
         "train",

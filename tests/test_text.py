@@ -14,6 +14,7 @@ from annotated_transformer.text import (
     Vocab,
     WordCodec,
     WordTokenizer,
+    repeats_a_word,
     text_codec,
 )
 
@@ -72,3 +73,12 @@ def test_subwords_normalise_whitespace_as_the_training_data_was(codecs):
     assert pieces.source_ids(["A  dog\truns. "]) == pieces.source_ids(["A dog runs."])
     assert pieces.target_ids(["A  dog."]) == pieces.subwords.encode(["A dog."])
     assert len(pieces.token_texts()) == len(pieces.subwords) and pieces.token_texts() == pieces.token_texts(True)
+
+
+def test_repeats_a_word_finds_a_decoder_loop_and_nothing_else():
+    assert repeats_a_word("-> Die die die die die die")
+    assert repeats_a_word("greedy: 'A <unk> <unk> <unk> <unk> in front of a field.'")
+    assert repeats_a_word("green green GREEN green shirt")
+    assert not repeats_a_word("Two dogs run, run and run; the <unk> <unk> <unk> stay three.")
+    assert not repeats_a_word("0 0 0 0 0 | 1 1 1 1")  # numbers in tensors and tables are no words
+    assert not repeats_a_word("a man, a man, a man, a man")  # a repeated phrase is not one word in a row

@@ -440,7 +440,7 @@ model = make_model(13, 13, N=1, d_model=32, d_ff=64, h=4, dropout=0.0)
 pairs = copy_task(200, seed=3)
 lengths = pair_lengths(pairs)
 update = split_for_processes(token_batches(*lengths, 120, seed=0), 2)[:6]  # 3 batches a process
-processes = Processes(model, torch.device("cpu"), seed=0, data=len(pairs))
+processes = Processes(model, torch.device("cpu"), seed=0, data=(len(pairs),))
 mine, normalizer = processes.share(update, lengths[1])  # the training loop's own share and normalizer
 accumulate_gradients(processes.learner, [batches_of(pairs, b) for b in mine], LabelSmoothing(13, 0, 0.1), normalizer=normalizer)
 torch.save([p.grad for p in model.parameters()], f"{sys.argv[1]}/{dist.get_rank() if world > 1 else 'one'}.pt")

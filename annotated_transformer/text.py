@@ -106,7 +106,7 @@ class Subwords:
             raise ValueError("this SentencePiece model's special ids are not <pad> 0, <s> 1, </s> 2, <unk> 3")
 
     @classmethod
-    def train(cls, sentences, vocab_size: int, seed: int = 0) -> "Subwords":
+    def train(cls, sentences, vocab_size: int) -> "Subwords":
         """Learn a byte-pair-encoding model of `vocab_size` pieces from `sentences` (§5.1: "a shared source-target
         vocabulary"). The rarest characters (0.05% of the text) get no piece of their own: byte fallback spells them.
         The result depends only on the sentences."""

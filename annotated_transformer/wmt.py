@@ -155,7 +155,7 @@ def prepare_wmt14(out=None, corpora=tuple(WMT14_CORPORA), direction: str = "en-d
                     sample.append(sentence)
                 elif (j := rng.randrange(seen)) < subword_sentences:
                     sample[j] = sentence
-    subwords = Subwords.train(sample, vocab_size, seed)
+    subwords = Subwords.train(sample, vocab_size)
     del sample
     with atomic_file(out / "subwords.model") as f:
         f.write(subwords.model)

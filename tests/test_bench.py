@@ -224,8 +224,8 @@ def copy_pairs(n: int):
     return copy_task(n, vocab=13, seed=0)
 
 
-@pytest.mark.parametrize("path", ["straightforward", "fast"])
-def test_training_benchmark_reports_real_tokens_and_padding(path, monkeypatch):
+@pytest.mark.parametrize("path, batching", [("straightforward", None), ("fast", None), ("fast", "random")])
+def test_training_benchmark_reports_real_tokens_and_padding(path, batching, monkeypatch):
     import annotated_transformer.bench as bench
 
     made = []
@@ -236,15 +236,18 @@ def test_training_benchmark_reports_real_tokens_and_padding(path, monkeypatch):
 
     monkeypatch.setattr(bench, "make_optimizer", recorded)
     pairs = copy_pairs(400)
-    r = bench_training(TINY, pairs, 13, 13, path, "cpu", max_tokens=200, updates=2, warmup=1, repeats=2)
+    r = bench_training(
+        TINY, pairs, 13, 13, path, "cpu", max_tokens=200, batching=batching, updates=2, warmup=1, repeats=2
+    )
     optimizer, scheduler = made[0]
     assert len(made) == 1 and scheduler.last_epoch == 1 + 2 * 2  # every update (warm-up, 2 x 2 timed) stepped it
     assert optimizer.param_groups[0]["betas"] == (0.9, 0.98) and r["fused_adam"] is False
-    assert r["path"] == path and r["tokens_per_s"]["n"] == 2
+    batching = batching or ("random" if path == "straightforward" else "length")  # each path's own by default
+    assert r["path"] == path and r["batching"] == batching and r["tokens_per_s"]["n"] == 2
     assert r["mfu"] is None and r["bf16_autocast"] is False
     tokens = r["real_tokens_per_update"]
     assert 0 < tokens <= 200 and r["flops_per_token"] > 6 * 32 * 32
-    if path == "fast":
+    if batching == "length":
         assert r["padding_fraction"]["target"] < 0.1 and r["padding_fraction"]["timed_target"] < 0.1
     else:
         assert r["padding_fraction"]["target"] > 0.2 and r["padding_fraction"]["timed_target"] > 0.05
@@ -253,6 +256,8 @@ def test_training_benchmark_reports_real_tokens_and_padding(path, monkeypatch):
 def test_training_benchmark_refuses_unknown_paths_and_too_few_batches():
     with pytest.raises(ValueError, match="path must be"):
         bench_training(TINY, copy_pairs(50), 13, 13, "turbo", "cpu", max_tokens=200)
+    with pytest.raises(ValueError, match="batching must be 'random' or 'length'"):
+        bench_training(TINY, copy_pairs(50), 13, 13, "fast", "cpu", max_tokens=200, batching="sorted")
     with pytest.raises(ValueError, match="fewer than the 11 updates"):
         bench_training(TINY, copy_pairs(50), 13, 13, "fast", "cpu", max_tokens=200, updates=10, warmup=1)
 
@@ -382,8 +387,9 @@ def test_the_whole_benchmark_writes_results_and_a_table(tiny_subword_run, tmp_pa
         models={"tiny": (TINY, 300)},
         progress=lines.append,
     )
-    assert lines[:2] == ["training tiny: straightforward", "training tiny: fast"]
-    assert [r["path"] for r in result["training"]] == ["straightforward", "fast"]
+    cases = [("straightforward", "random"), ("fast", "length"), ("straightforward", "length"), ("fast", "random")]
+    assert lines[:4] == [f"training tiny: {path}, {batching} batches" for path, batching in cases]
+    assert [(r["path"], r["batching"]) for r in result["training"]] == cases  # each change alone after the two paths
     assert result["training"][0]["speedup"] == 1.0 and "compile" in result
     assert len(result["translation"]) == 8 and all(r["same_as_other_path"] == 1.0 for r in result["translation"])
     vocab = RECIPES["multi30k-cpu"].subwords  # one shared vocabulary
@@ -401,7 +407,7 @@ def test_the_whole_benchmark_writes_results_and_a_table(tiny_subword_run, tmp_pa
     assert json_path.name == f"bench-{device_slug(result['device_name'])}.json"
     assert json.loads(json_path.read_text())["translation"] == result["translation"]
     table = table_path.read_text()
-    assert result["device_name"] in table and table.count("\n| ") == 2 + 8 + 2 + 8 + 1  # rows and header rows
+    assert result["device_name"] in table and table.count("\n| ") == 4 + 8 + 2 + 8 + 1  # rows and header rows
     assert not list((tmp_path / "results").glob(".*"))  # no temporary files left
 
 
@@ -414,9 +420,9 @@ def test_a_compiler_failure_is_recorded_and_the_rest_measured(monkeypatch):
     result = run_benchmark(
         device="cpu", repeats=1, updates=1, compile=True, models={"tiny": (TINY, 300)}, progress=lambda line: None
     )
-    assert [r["path"] for r in result["training"]] == ["straightforward", "fast", "compiled"]
+    assert [r["path"] for r in result["training"]] == ["straightforward", "fast", "compiled", "straightforward", "fast"]
     assert result["training"][2]["error"] == "RuntimeError: no C compiler found" and "compile" not in result
-    assert "| tiny | compiled | failed: RuntimeError: no C compiler found |" in bench_table(result)
+    assert "| tiny | compiled | length | failed: RuntimeError: no C compiler found |" in bench_table(result)
 
 
 def test_a_table_without_translation_says_why():

@@ -157,7 +157,8 @@ def _add_train(commands) -> None:
         "train",
         help="train a recipe",
         usage="annotated-transformer train RECIPE [options] [KEY=VALUE ...]\n"
-        "       annotated-transformer train --config FILE | --from RUN_DIR [options] [KEY=VALUE ...]",
+        "       annotated-transformer train --config FILE | --from RUN_DIR [options] [KEY=VALUE ...]\n"
+        "       annotated-transformer train --out RUN_DIR --resume [options] [steps=N]",
         description=textwrap.fill(
             "Train a recipe into a run directory. KEY=VALUE words change a recipe or model setting, e.g. steps=200 "
             "d_model=128 clip_norm=null. --config or --from starts a new run with the settings of another.",
@@ -167,7 +168,8 @@ def _add_train(commands) -> None:
         epilog=_settings_help(),
         formatter_class=argparse.RawDescriptionHelpFormatter,  # the epilog's columns, as _help_section lays them out
     )
-    train_cmd.add_argument("recipe", nargs="?", help="a recipe's name (listed below); none with --config or --from")
+    train_cmd.add_argument("recipe", nargs="?", help="a recipe's name (listed below); none with --config or --from, "
+                           "nor needed with --resume, the run in --out naming its own")
     source = train_cmd.add_mutually_exclusive_group()
     source.add_argument("--config", type=Path, metavar="FILE",
                         help="start a new run with the recipe stored in FILE, a run's config.json")
@@ -189,6 +191,14 @@ def _base_recipe(args) -> tuple[Recipe, Path | None]:
     config.json, or a file holding only a recipe, as `Recipe.to_dict` writes it); and that file's folder (None for a
     named recipe)."""
     if not (args.config or args.run_from):
+        if args.recipe is None and args.resume and args.out is not None:  # the run in --out names its own recipe
+            config = args.out / "config.json"
+            if not config.is_file():
+                raise FileNotFoundError(f"nothing to resume in --out {str(args.out)!r}: it holds no config.json")
+            try:
+                return Recipe.from_dict(stored_recipe(config)), None
+            except ValueError as err:
+                raise ValueError(f"{config}: {err}") from None
         if args.recipe is None:
             raise UsageError(f"the following arguments are required: recipe (one of {', '.join(RECIPES)}), or "
                              "--config FILE or --from RUN_DIR")
@@ -623,6 +633,7 @@ def build_parser() -> argparse.ArgumentParser:
     debug = "on a failure, also print its traceback (for a bug report)"
     parser.add_argument("--debug", action="store_true", help=debug)
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser.commands = commands.choices  # name -> its parser, for the hint after a mistake
     for add_command in (_add_train, _add_prepare, _add_translate, _add_evaluate, _add_bench,
                         _add_variations):
         add_command(commands)
@@ -648,6 +659,13 @@ def _one_line_warning(message, category, filename, lineno, file=None, line=None)
     print(f"annotated-transformer: warning: {' '.join(str(message).split())}", file=sys.stderr)
 
 
+def _help_hint(argv, commands) -> str:
+    "Where to read how a command is used: `annotated-transformer COMMAND --help`, or the list of `commands`."
+    words = sys.argv[1:] if argv is None else list(argv)
+    command = next((w for w in words if w in commands), None)
+    return f"see annotated-transformer {command} --help" if command else "see annotated-transformer --help"
+
+
 def main(argv=None) -> int:
     """The command line: `annotated-transformer train | prepare | translate | evaluate | bench | variations ...` (see `--help`).
 
@@ -655,7 +673,7 @@ def main(argv=None) -> int:
     before it): exit code 2 for mistakes in the arguments or settings, 1 for anything that goes wrong while running,
     130 after Ctrl-C and 143 after SIGTERM. `--help` and `--version` return 0.
     """
-    args = None
+    args, parser = None, build_parser()
     debug = os.environ.get("AT_DEBUG", "") not in ("", "0")
     threads = torch.get_num_threads()  # --threads changes the whole process: restored at the end
     in_main_thread = threading.current_thread() is threading.main_thread()  # only it may handle signals
@@ -664,7 +682,7 @@ def main(argv=None) -> int:
         with warnings.catch_warnings():
             warnings.showwarning = _one_line_warning
             try:
-                args, rest = build_parser().parse_known_args(argv)
+                args, rest = parser.parse_known_args(argv)
             except SystemExit as done:  # --help or --version: printed, and nothing to run
                 return done.code or 0
             debug = debug or args.debug
@@ -690,7 +708,7 @@ def main(argv=None) -> int:
             else:
                 _bench(args)
     except UsageError as err:
-        print(f"annotated-transformer: error: {err}", file=sys.stderr)
+        print(f"annotated-transformer: error: {err} ({_help_hint(argv, parser.commands)})", file=sys.stderr)
         return 2
     except KeyboardInterrupt as err:
         if debug:  # where the program was when it was stopped

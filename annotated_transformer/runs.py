@@ -87,6 +87,11 @@ def load_checkpoint(path) -> dict:
                               f"values{f' (it asks for {asks[1]})' if asks else ''}, and this package refuses to run "
                               "code from a file; use a checkpoint written by save_checkpoint") from None
     except Exception as err:  # truncated zip, or not a torch file
+        with path.open("rb") as f:
+            start = f.read(4)
+        if start and not start.startswith((b"PK", b"\x80")):  # torch.save: a zip archive, or a legacy pickle
+            raise CheckpointError(f"{path}: not a checkpoint: a checkpoint is a file that torch.save writes (as `train` "
+                                  f"does in a run's checkpoints/ folder), and this one starts with {start!r}") from None
         reason = (str(err) or "the file ends too early").splitlines()[0]
         raise CheckpointError(f"{path}: not a readable checkpoint ({type(err).__name__}: {reason})") from err
     if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
@@ -163,6 +168,17 @@ def model_from_state(state: dict, path, device="cpu") -> EncoderDecoder:
 def _flat(recipe: dict) -> dict:
     "A recipe's settings (as `Recipe.to_dict` gives them) in one dictionary, the model's included."
     return {**{k: v for k, v in recipe.items() if k != "model"}, **recipe.get("model", {})}
+
+
+def _unknown_settings(unknown: list[str]) -> str:
+    "What to say of settings a recipe does not have: their names, and the names it has."
+    recipe_fields = {f.name for f in dataclasses.fields(Recipe)} - {"name", "task", "model"}
+    model_fields = {f.name for f in dataclasses.fields(TransformerConfig)}
+    hint = ""
+    if {"lr", "learning_rate"} & set(unknown):  # PyTorch's usual name for what the schedule decides here
+        hint = " (the learning rate follows equation (3): set factor, its scale, and warmup, where it peaks)"
+    return (f"unknown setting(s) {', '.join(unknown)}{hint}; recipe settings: {', '.join(sorted(recipe_fields))}; "
+            f"model settings: {', '.join(sorted(model_fields))}")
 
 
 def stored_recipe(path) -> dict:
@@ -254,11 +270,7 @@ class Recipe:
         own_fields = {f.name for f in dataclasses.fields(Recipe)} - {"name", "task", "model"}
         unknown = sorted(set(overrides) - model_fields - own_fields)
         if unknown:
-            hint = ""
-            if {"lr", "learning_rate"} & set(unknown):  # PyTorch's usual name for what the schedule decides here
-                hint = " (the learning rate follows equation (3): set factor, its scale, and warmup, where it peaks)"
-            raise ValueError(f"unknown setting(s) {', '.join(unknown)}{hint}; recipe settings: "
-                             f"{', '.join(sorted(own_fields))}; model settings: {', '.join(sorted(model_fields))}")
+            raise ValueError(_unknown_settings(unknown))
         model = dataclasses.replace(self.model, **{k: v for k, v in overrides.items() if k in model_fields})
         return dataclasses.replace(self, model=model, **{k: v for k, v in overrides.items() if k in own_fields})
 
@@ -270,9 +282,14 @@ class Recipe:
     def from_dict(cls, values: dict) -> "Recipe":
         "The recipe that `to_dict` gave (a run's config.json stores it); ValueError for settings this version lacks."
         values = dict(values)
+        model = dict(values.pop("model", {}))
+        unknown = sorted(set(values) - {f.name for f in dataclasses.fields(Recipe)}
+                         | set(model) - {f.name for f in dataclasses.fields(TransformerConfig)})
+        if unknown:
+            raise ValueError(f"not a recipe of this version: {_unknown_settings(unknown)}")
         try:
-            return cls(model=TransformerConfig(**values.pop("model", {})), **values)
-        except TypeError as err:
+            return cls(model=TransformerConfig(**model), **values)
+        except TypeError as err:  # a required setting missing
             raise ValueError(f"not a recipe of this version ({err})") from None
 
     def differences(self, other: dict) -> list[str]:

@@ -505,7 +505,11 @@ def test_settings_may_come_before_or_after_the_options(tmp_path, capsys):
         ["train", "--quiet", "copy", "steps=0"],
     ):
         assert main(argv) == 2
-        assert capsys.readouterr().err == "annotated-transformer: error: steps must be a positive integer, got 0\n"
+        err = capsys.readouterr().err
+        assert (
+            err
+            == "annotated-transformer: error: steps must be a positive integer, got 0 (see annotated-transformer train --help)\n"
+        )
     assert main(["train", "copy", "--out", out, "--bogus"]) == 2
     assert "unrecognized argument '--bogus'" in capsys.readouterr().err
 

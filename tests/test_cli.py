@@ -1,0 +1,37 @@
+"""The command line (`annotated_transformer.cli`, book/a4_command_line.ipynb): resuming a run by its folder alone,
+and the hint every mistake in the arguments ends with."""
+
+import json
+
+import pytest
+
+from annotated_transformer.cli import main
+
+SMALL = ["N=1", "d_model=16", "d_ff=32", "h=2", "warmup=2", "eval_every=2", "checkpoint_every=2", "--quiet"]
+
+
+def test_resume_reads_the_recipe_from_the_run_it_continues(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert main(["train", "copy", "--out", str(run), "--device", "cpu", "steps=4", *SMALL]) == 0
+    assert main(["train", "--out", str(run), "--resume", "steps=6", "--quiet"]) == 0  # no recipe named: the run's own
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["recipe"] == "copy" and summary["steps"] == 6
+    assert json.loads((run / "config.json").read_text())["recipe"]["model"]["d_model"] == 16
+    capsys.readouterr()
+    assert main(["train", "--out", str(tmp_path / "empty"), "--resume"]) == 1
+    assert "nothing to resume in --out" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, hint",
+    [
+        ([], "(see annotated-transformer --help)"),
+        (["--frobnicate"], "(see annotated-transformer --help)"),
+        (["train", "kopy"], "(see annotated-transformer train --help)"),
+        (["translate"], "(see annotated-transformer translate --help)"),
+    ],
+)
+def test_every_usage_error_says_where_the_help_is(argv, hint, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("annotated-transformer: error: ") and err.endswith(f" {hint}\n") and err.count("\n") == 1

@@ -25,6 +25,7 @@ _MODULES = {  # module: the public names it exports through the package
         "CheckpointError",
         "Recipe",
         "RunDir",
+        "export_model",
         "load_checkpoint",
         "model_from_checkpoint",
         "record_result",

@@ -186,3 +186,10 @@ def test_modules_import_only_what_a_reader_has_met():
             if not ok:
                 wrong.append(f"{module} ({homes[module]}) imports {other} ({homes[other]})")
     assert wrong == []
+
+
+def test_every_module_has_a_test_file_of_its_own():
+    "Tests are found by module: `tests/test_<module>.py` for every module of the package."
+    package = Path(annotated_transformer.__file__).parent
+    modules = {p.stem for p in package.glob("*.py") if not p.stem.startswith("_")}
+    assert sorted(m for m in modules if not (Path(__file__).parent / f"test_{m}.py").is_file()) == []

@@ -14,7 +14,6 @@ import torch
 import torch.nn.functional as F
 
 from annotated_transformer import make_model
-from annotated_transformer.distributed import Processes, rank_and_world_size
 from annotated_transformer.runs import (
     RECIPES,
     TASKS,
@@ -585,19 +584,3 @@ def test_tasks_are_looked_up_by_name_and_data_settings_are_checked():
     with pytest.raises(ValueError, match=r"accum_steps \(4\) and tokens_per_update \(2000\) both set"):
         RECIPES["copy"].replace(tokens_per_update=2000, accum_steps=4)
     assert RECIPES["copy"].replace(tokens_per_update=2000).tokens_per_update == 2000
-
-
-def test_with_one_process_the_distributed_helpers_change_nothing():
-    cpu = torch.device("cpu")
-    model = torch.nn.Linear(2, 2)
-    assert rank_and_world_size() == (0, 1)
-    torch.manual_seed(5)
-    processes = Processes(model, cpu, seed=0, data=(1, 2, 3))  # one process keeps the stream that made the weights
-    after = torch.rand(2)
-    torch.manual_seed(5)
-    assert torch.equal(after, torch.rand(2))
-    assert (processes.rank, processes.world) == (0, 1) and processes.learner is model
-    assert processes.share([[0, 1], [2]], [4, 5, 6]) == ([[0, 1], [2]], None)  # accumulate_gradients counts itself
-    assert processes.total(3.5, 7, True) == (3.5, 7, True)
-    rng = rng_state(cpu)
-    assert processes.random_states(rng, 1) == (rng, {})  # the checkpoint stores this process's state as it is

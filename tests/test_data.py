@@ -1,0 +1,133 @@
+"""Data sets, downloaded and verified (`annotated_transformer.data`, book/a1_data.ipynb): the mirror, checksums,
+what is said without a network, line readers, and Multi30k's published files."""
+
+import gzip
+import hashlib
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from annotated_transformer import data
+from annotated_transformer.data import (
+    MULTI30K_SHA256,
+    DataError,
+    fetch,
+    iter_lines,
+    load_multi30k,
+    read_lines,
+    read_parallel,
+)
+
+
+def gz(path: Path, lines: list[str]) -> Path:
+    path.write_bytes(gzip.compress("".join(line + "\n" for line in lines).encode()))
+    return path
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_fetch_copies_from_a_mirror_verifies_and_prints_the_terms_once(tmp_path, cache, monkeypatch, capsys):
+    mirror = tmp_path / "mirror"
+    (mirror / "demo").mkdir(parents=True)
+    source = gz(mirror / "demo" / "a.gz", ["one", "two"])
+    monkeypatch.setenv("AT_MIRROR", str(mirror))
+    path = fetch("demo", "a.gz", sha(source), "https://example.invalid", terms="DEMO TERMS")
+    assert path == cache / "demo" / "a.gz" and read_lines(path) == ["one", "two"]
+    assert fetch("demo", "a.gz", sha(source), "https://example.invalid", terms="DEMO TERMS") == path  # cached
+    path.unlink()
+    assert fetch("demo", "a.gz", sha(source), "https://example.invalid", terms="DEMO TERMS") == path  # fetched again
+    assert capsys.readouterr().err.count("DEMO TERMS") == 1  # the terms, once
+    # a damaged cached copy is fetched again
+    path.write_bytes(b"damaged")
+    assert read_lines(fetch("demo", "a.gz", sha(source), "https://example.invalid")) == ["one", "two"]
+    # the mirror may also be a URL base
+    path.unlink()
+    monkeypatch.setenv("AT_MIRROR", mirror.as_uri())
+    assert read_lines(fetch("demo", "a.gz", sha(source), "https://example.invalid")) == ["one", "two"]
+
+
+def test_a_checksum_mismatch_is_refused_and_nothing_is_kept(tmp_path, cache, monkeypatch):
+    (tmp_path / "mirror" / "demo").mkdir(parents=True)
+    gz(tmp_path / "mirror" / "demo" / "a.gz", ["not what we expect"])
+    monkeypatch.setenv("AT_MIRROR", str(tmp_path / "mirror"))
+    with pytest.raises(DataError, match="not the expected file .* it was not kept"):
+        fetch("demo", "a.gz", "0" * 64, "https://example.invalid")
+    assert [p.name for p in (cache / "demo").iterdir()] == [".lock"]  # the folder's lock file, nothing downloaded
+
+
+def test_no_network_and_no_mirror_says_where_to_put_the_files(tmp_path, cache, monkeypatch):
+    monkeypatch.setenv("AT_MIRROR", str(tmp_path / "empty"))
+    with pytest.raises(
+        DataError,
+        match=r"could not get .*val\.de\.gz.*put val\.de\.gz into .*multi30k, or set "
+        r"AT_MIRROR to a folder that holds multi30k/val\.de\.gz",
+    ):
+        load_multi30k("valid")
+    monkeypatch.delenv("AT_MIRROR")
+    with pytest.raises(DataError, match="could not get"):  # no network here, or a bad address: the same advice
+        fetch("demo", "a.gz", "0" * 64, "http://127.0.0.1:9")
+
+
+def test_parallel_files_must_have_the_same_number_of_lines(tmp_path):
+    a, b = gz(tmp_path / "a.gz", ["x", "y"]), gz(tmp_path / "b.gz", ["x"])
+    with pytest.raises(DataError, match=r"a\.gz has 2 lines but .*b\.gz has 1"):
+        read_parallel(a, b)
+
+
+def test_lines_split_only_on_newlines_and_drop_the_carriage_return_of_a_line_end(tmp_path):
+    path = tmp_path / "a.gz"
+    text = "one\u2028still one\r\ntwo\x0cstill two\nthree\rstill three\n\x85four"  # the last line has no line end
+    path.write_bytes(gzip.compress(text.encode()))
+    expected = ["one\u2028still one", "two\x0cstill two", "three\rstill three", "\x85four"]
+    lines = iter_lines(path)
+    assert next(lines) == expected[0]  # one line at a time
+    assert [expected[0], *lines] == expected and read_lines(path) == expected
+    assert read_lines(gz(tmp_path / "b.gz", ["last\r", "\r", ""])) == ["last", "", ""]  # empty lines stay lines
+
+
+def test_two_threads_fetching_one_file_at_once_download_it_once(tmp_path, cache, monkeypatch):
+    (tmp_path / "mirror" / "demo").mkdir(parents=True)
+    source = gz(tmp_path / "mirror" / "demo" / "a.gz", [f"line {i}" for i in range(10_000)])
+    monkeypatch.setenv("AT_MIRROR", str(tmp_path / "mirror"))
+    opened, real_open = [], data._open_source
+
+    def slow_open(source, start=0):
+        opened.append(start)
+        time.sleep(0.5)  # a slow network: the other thread asks for the file while this download is under way
+        return real_open(source, start)
+
+    monkeypatch.setattr(data, "_open_source", slow_open)
+    ready, paths, errors = threading.Barrier(2), [], []
+
+    def fetch_it():
+        ready.wait()
+        try:
+            paths.append(fetch("demo", "a.gz", sha(source), "https://example.invalid"))
+        except Exception as err:  # noqa: BLE001 - reported by the assertion below
+            errors.append(err)
+
+    threads = [threading.Thread(target=fetch_it) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == [] and opened == [0]  # one download; the second fetch found its verified result
+    assert paths == [cache / "demo" / "a.gz"] * 2 and sha(paths[0]) == sha(source)
+    assert sorted(p.name for p in (cache / "demo").iterdir()) == [".lock", "a.gz"]  # no .part file left
+
+
+def test_multi30k_has_the_published_sizes_and_checksums():
+    for file, digest in MULTI30K_SHA256.items():  # fetch verified them; check the cached copies again anyway
+        assert sha(fetch("multi30k", file, digest, "https://example.invalid")) == digest
+    sizes = {split: len(load_multi30k(split)) for split in ("train", "valid", "test")}
+    assert sizes == {"train": 29_000, "valid": 1_014, "test": 1_000}
+    de_en, en_de = load_multi30k("test", "de-en"), load_multi30k("test", "en-de")
+    assert de_en[0] == en_de[0][::-1] and de_en[0][0].startswith("Ein Mann")
+    with pytest.raises(ValueError, match="direction 'de-en' or 'en-de'"):
+        load_multi30k("test", "de-fr")
+    with pytest.raises(ValueError, match="unknown Multi30k split"):
+        load_multi30k("dev")

@@ -1,0 +1,49 @@
+"""Measuring speed (`annotated_transformer.measure`, book/a9_measure.ipynb): repeated measurements, peak memory, the
+typical batches, and the tables of a benchmark's result."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from annotated_transformer.measure import PeakMemory, bench_table, spread, summarize, typical_batches
+
+
+def test_repeated_measurements_are_summarized_by_median_and_range():
+    assert summarize([3.0, 1.0, 2.0, 10.0]) == {"median": 2.5, "min": 1.0, "max": 10.0, "n": 4}
+    assert summarize(x for x in (5.0,)) == {"median": 5.0, "min": 5.0, "max": 5.0, "n": 1}  # any iterable
+
+
+def test_the_timed_batches_are_those_nearest_the_median_and_the_warm_up_ones_the_next():
+    lengths = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]
+    batches = [[i] for i in range(10)]  # one sentence each: its length is the batch's tokens
+    warm, timed = typical_batches(batches, lengths, updates=2, warmup=1)
+    assert timed == [[4], [5]] and warm == [[3]]  # tokens 5 and 6 around the median 5.5, then 4
+    assert spread(list(range(10)), 3) == [0, 3, 6] and spread([1, 2], 5) == [1, 2]
+
+
+def test_peak_memory_sees_an_allocation_and_is_reset():
+    if not Path("/proc/self/clear_refs").exists():
+        pytest.skip("peak resident size can be reset only on Linux")
+    with PeakMemory("cpu") as big:
+        block = torch.ones(64 * 2**20 // 4)  # 64 MiB, touched
+        del block
+    with PeakMemory("cpu") as small:
+        pass
+    if big.bytes is None:
+        pytest.skip("this kernel does not allow resetting the peak resident size")
+    assert big.bytes - small.bytes > 48 * 2**20
+
+
+def test_a_table_without_translation_says_why():
+    result = {
+        "device": "cpu",
+        "device_name": "Some CPU",
+        "threads": 2,
+        "torch_version": "x",
+        "date": "d",
+        "settings": {"repeats": 3},
+        "training": [],
+        "translation": "not measured: no trained checkpoint was given",
+    }
+    assert bench_table(result).endswith("Translation: not measured: no trained checkpoint was given.")

@@ -17,7 +17,7 @@ from torch import Tensor
 from .attention import subsequent_mask
 from .multi_head import MultiHeadedAttention, record_attention
 from .training import BOS, EOS, PAD, pad_sequences
-from .translation import Translator, decode_batches
+from .translation import BEAM_SIZE, Translator, decode_batches
 
 if TYPE_CHECKING:  # Altair is imported where a chart is drawn; here it only names the charts' types
     import altair as alt
@@ -55,7 +55,7 @@ class CapturedAttention:
 
 @torch.no_grad()
 def capture_attention(translator: Translator, sources: list[str], targets: list[str] | None = None,
-                      beam_size: int = 4) -> CapturedAttention:
+                      beam_size: int = BEAM_SIZE) -> CapturedAttention:
     """Run `translator`'s model once over sentence pairs inside `record_attention()` and keep every head's weights.
 
     The sources are German (or whatever the translator reads) strings. The targets are the translations the
@@ -158,7 +158,7 @@ def attention_chart(weights: Tensor, row_tokens: list[str], col_tokens: list[str
 
 
 def attention_explorer(translator: Translator, sentence: str, target: str | None = None,
-                       beam_size: int = 4) -> "alt.VConcatChart":
+                       beam_size: int = BEAM_SIZE) -> "alt.VConcatChart":
     """The three kinds of attention of `translator` for one sentence, each with its own layer and head menus.
 
     The decoder reads `target` if given, else the translator's own translation (beam search). Use it in

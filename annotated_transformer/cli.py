@@ -268,20 +268,19 @@ def _train(args, settings: dict) -> dict:
                       "run and never reaches its peak (equation (3)); lower warmup or raise steps")
     args.recipe, args.out = base.name, out  # what `main` names when it says how to continue an interrupted run
     device = _device(args.device)  # a wrong name is refused before the folder is made
+    made = not out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise UsageError(f"--out {str(out)!r}: cannot create the folder ({err.strerror})") from None
-    with process_group(device) as device:  # under torchrun: one of several processes
-        return train(
-            recipe,
-            out,
-            device=device,
-            resume=args.resume,
-            progress=not args.quiet,
-            compile=args.compile,
-            tensorboard=args.tensorboard,
-        )
+    try:
+        with process_group(device) as device:  # under torchrun: one of several processes
+            return train(recipe, out, device=device, resume=args.resume, progress=not args.quiet,
+                         compile=args.compile, tensorboard=args.tensorboard)
+    except BaseException:
+        if made and not (out / "config.json").exists():  # failed before the run began: leave no folder behind
+            shutil.rmtree(out, ignore_errors=True)
+        raise
 
 # %% ../book/a4_command_line.ipynb #ec8da12a
 def _add_prepare(commands) -> None:
@@ -371,29 +370,17 @@ def _decoding_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _resolve_checkpoints(paths: list[Path], average: int | None) -> tuple[list[Path], Path | None]:
-    """The checkpoint files to load, and the run directory they belong to (None when they are loose files). A run
-    holding fewer checkpoints than asked for gives those it holds, with a warning."""
-    from annotated_transformer.runs import checkpoints_to_average
+    """The checkpoint files to load, and the run directory they belong to (None when they are loose files): those of
+    `checkpoints_to_read`, a run holding fewer checkpoints than asked for giving those it holds, with a warning."""
+    from annotated_transformer.runs import checkpoints_to_read
 
-    if len(paths) == 1 and paths[0].is_dir():
-        run_dir, asked = paths[0], f"--average {average}"
-        if average is None:
-            config = run_dir / "config.json"
-            average = stored_recipe(config).get("average_checkpoints", 1) if config.exists() else 1
-            asked = f"the run's average_checkpoints={average}"
-        found = checkpoints_to_average(run_dir, average)
-        if len(found) < average:
-            warnings.warn(f"{asked} asks for {average} checkpoints, but {run_dir} holds {len(found)}: "
-                          f"averaging those {len(found)}")
-        return found, run_dir
-    if average is not None:
+    if average is not None and not (len(paths) == 1 and paths[0].is_dir()):
         raise UsageError("--average needs a run directory as --checkpoint")
     for path in paths:
-        if not path.is_file():
+        if not path.exists():
             raise UsageError(f"--checkpoint {str(path)!r}: no such file")
-    parents = {p.resolve().parent for p in paths}
-    run_dir = next(iter(parents)).parent if len(parents) == 1 else None
-    return paths, run_dir if run_dir is not None and (run_dir / "config.json").exists() else None
+    return checkpoints_to_read(paths, average, option="--average")
+
 
 # %% ../book/a4_command_line.ipynb #139a9e19
 def _add_translate(commands) -> None:

@@ -6,9 +6,10 @@ directories, checkpoints, and the results files that the book's tables read."""
 # %% auto #0
 __all__ = ['CHECKPOINT_FORMAT', 'RECIPES', 'RECIPE_DESCRIPTIONS', 'TASKS', 'MODEL_FILE_FORMAT', 'CheckpointError',
            'weights_digest', 'save_checkpoint', 'load_checkpoint', 'list_checkpoints', 'checkpoints_to_average',
-           'model_from_checkpoint', 'model_from_state', 'stored_recipe', 'Recipe', 'Task', 'registered', 'load_task',
-           'default_device', 'check_device', 'rng_state', 'set_rng_state', 'TrainingState', 'RunDirBusy', 'RunDir',
-           'ProgressReport', 'commit', 'device_name', 'device_slug', 'record_result', 'export_model', 'read_model_file']
+           'checkpoints_to_read', 'model_from_checkpoint', 'model_from_state', 'stored_recipe', 'Recipe', 'Task',
+           'registered', 'load_task', 'default_device', 'check_device', 'rng_state', 'set_rng_state', 'TrainingState',
+           'RunDirBusy', 'RunDir', 'ProgressReport', 'commit', 'device_name', 'device_slug', 'record_result',
+           'export_model', 'read_model_file']
 
 # %% ../book/a2_runs.ipynb #3e47a30d
 import contextlib
@@ -133,6 +134,29 @@ def checkpoints_to_average(run_dir, k: int) -> list[Path]:
     if not found:
         raise FileNotFoundError(f"no checkpoints in {Path(run_dir) / 'checkpoints'}")
     return found[-k:]
+
+
+def checkpoints_to_read(paths, average: int | None = None, option: str = "average") -> tuple[list[Path], Path | None]:
+    """The checkpoint files that `paths` name, and the run directory they come from (None for loose files). A run
+    directory gives its last `average` checkpoints, by default as many as its recipe averages, fewer with a warning
+    if it holds fewer (the warning names the setting as `option`); files are taken as they are."""
+    paths = [Path(p) for p in paths]
+    if len(paths) == 1 and paths[0].is_dir():
+        run_dir, asked = paths[0], f"{option} {average}"
+        if average is None:
+            config = run_dir / "config.json"
+            average = stored_recipe(config).get("average_checkpoints", 1) if config.exists() else 1
+            asked = f"the run's average_checkpoints={average}"
+        found = checkpoints_to_average(run_dir, average)
+        if len(found) < average:
+            warnings.warn(f"{asked} asks for {average} checkpoints, but {run_dir} holds {len(found)}: "
+                          f"averaging those {len(found)}", stacklevel=2)
+        return found, run_dir
+    if average is not None:
+        raise ValueError(f"{option} needs a run directory")
+    parents = {p.resolve().parent for p in paths}
+    run_dir = next(iter(parents)).parent if len(parents) == 1 else None
+    return paths, run_dir if run_dir is not None and (run_dir / "config.json").exists() else None
 
 
 def model_from_checkpoint(path, device="cpu") -> tuple[EncoderDecoder, dict]:

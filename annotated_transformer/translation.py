@@ -24,7 +24,8 @@ from .attention import subsequent_mask
 from .data import load_multi30k
 from .model import EncoderDecoder
 from .multi_head import MultiHeadedAttention
-from .runs import CheckpointError, Recipe, Task, check_device, load_checkpoint, model_from_state
+from .runs import (CheckpointError, Recipe, Task, check_device, checkpoints_to_read,
+                                        load_checkpoint, model_from_state)
 from .text import (BOS, EOS, PAD, Vocab, WordTokenizer, multi30k_subwords, text_codec,
                                         tokenized_multi30k)
 from .training import pad_sequences
@@ -322,10 +323,11 @@ class Translator:
 
     @classmethod
     def from_checkpoint(cls, *paths, device=None, batch_size: int = 64) -> "Translator":
-        "A translator from one checkpoint or the average of several (§6.1)."
+        "A translator from a checkpoint, the average of several (§6.1), a run's last ones, or an exported model file."
         device = check_device(device)
         if not paths:
             raise ValueError("from_checkpoint needs at least one checkpoint path")
+        paths, _ = checkpoints_to_read(paths)
         state = average_checkpoints(paths) if len(paths) > 1 else load_checkpoint(paths[0])
         return cls(model_from_state(state, paths[-1], device), state["vocab"], device=device, batch_size=batch_size)
 

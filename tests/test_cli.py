@@ -54,3 +54,22 @@ def test_an_exported_model_translates_exactly_as_its_run(run, request, tmp_path,
     assert Translator.from_checkpoint(out).translate(sources) == from_run
     assert main(["export", str(run_dir), "--out", str(tmp_path / "model.pt")]) == 2
     assert "a model file is named *.safetensors" in capsys.readouterr().err
+
+
+def test_a_failed_start_leaves_no_folder_behind_and_a_run_it_did_not_make_untouched(tmp_path, monkeypatch, capsys):
+    from annotated_transformer import training
+    from annotated_transformer.data import DataError
+
+    def no_data(recipe):
+        raise DataError("no network, no mirror")
+
+    monkeypatch.setattr(training, "load_task", no_data)
+    fresh = tmp_path / "runs" / "fresh"
+    assert main(["train", "copy", "--out", str(fresh), "--quiet"]) == 1
+    assert "no network, no mirror" in capsys.readouterr().err
+    assert not fresh.exists()  # nor its .lock: the run never began
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "notes.txt").write_text("mine")
+    assert main(["train", "copy", "--out", str(kept), "--quiet"]) == 1
+    assert (kept / "notes.txt").read_text() == "mine"  # a folder the user made stays, whatever is in it

@@ -503,3 +503,14 @@ def test_decode_batches_keeps_the_input_order_and_skips_empty_sources():
         for s in sources
     ]
     assert batched == one_by_one and batched[2] == []
+
+
+def test_from_checkpoint_takes_a_run_directory_as_the_command_line_does(tiny_run):
+    from annotated_transformer.runs import checkpoints_to_average
+
+    run_dir, _ = tiny_run
+    sources = ["Ein Hund läuft über die Wiese.", "Zwei Männer spielen Fußball."]
+    by_folder = Translator.from_checkpoint(run_dir)  # its last checkpoints, as many as its recipe averages (3)
+    assert by_folder.translate(sources) == Translator.from_checkpoint(*checkpoints_to_average(run_dir, 3)).translate(
+        sources
+    )

@@ -27,8 +27,8 @@ import torch
 from . import __version__
 from .distributed import process_group
 from .model import TransformerConfig
-from .runs import (RECIPE_DESCRIPTIONS, RECIPES, Recipe, default_device, record_result,
-                                        stored_recipe)
+from .runs import (RECIPE_DESCRIPTIONS, RECIPES, Recipe, RunDirBusy, default_device,
+                                        record_result, stored_recipe)
 
 # Where runs go when no --out says otherwise: runs/NAME, beside the command's working folder.
 RUNS = Path("runs")
@@ -199,7 +199,7 @@ def _base_recipe(args) -> tuple[Recipe, Path | None]:
             config = args.out / "config.json"
             if not config.is_file():
                 raise FileNotFoundError(f"nothing to resume in --out {str(args.out)!r}: it holds no config.json")
-            try:
+            try:  # `_resumed_recipe` reads it again, with the settings given, as for any resume
                 return Recipe.from_dict(stored_recipe(config)), None
             except ValueError as err:
                 raise ValueError(f"{config}: {err}") from None
@@ -277,8 +277,11 @@ def _train(args, settings: dict) -> dict:
         with process_group(device) as device:  # under torchrun: one of several processes
             return train(recipe, out, device=device, resume=args.resume, progress=not args.quiet,
                          compile=args.compile, tensorboard=args.tensorboard)
+    except RunDirBusy:  # another launch holds the folder: it is not ours to remove
+        raise
     except BaseException:
-        if made and not (out / "config.json").exists():  # failed before the run began: leave no folder behind
+        # Failed before the run began: leave no folder behind (the writing process alone, as it alone writes).
+        if made and os.environ.get("RANK", "0") == "0" and not (out / "config.json").exists():
             shutil.rmtree(out, ignore_errors=True)
         raise
 
@@ -369,16 +372,18 @@ def _decoding_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", help="cpu, cuda, cuda:N or mps (default: the best available)")
 
 
-def _resolve_checkpoints(paths: list[Path], average: int | None) -> tuple[list[Path], Path | None]:
+def _resolve_checkpoints(paths: list[Path], average: int | None,
+                         option: str = "--checkpoint") -> tuple[list[Path], Path | None]:
     """The checkpoint files to load, and the run directory they belong to (None when they are loose files): those of
     `checkpoints_to_read`, a run holding fewer checkpoints than asked for giving those it holds, with a warning."""
     from annotated_transformer.runs import checkpoints_to_read
 
     if average is not None and not (len(paths) == 1 and paths[0].is_dir()):
-        raise UsageError("--average needs a run directory as --checkpoint")
+        raise UsageError(f"--average needs a run directory as {option}")
     for path in paths:
-        if not path.exists():
-            raise UsageError(f"--checkpoint {str(path)!r}: no such file")
+        if not (path.is_file() or len(paths) == 1 and path.is_dir()):
+            raise UsageError(f"{option} {str(path)!r}: no such file" + (" (a run directory comes alone)"
+                                                                       if path.is_dir() else ""))
     return checkpoints_to_read(paths, average, option="--average")
 
 
@@ -508,10 +513,12 @@ def _export(args) -> dict:
 
     if args.out.suffix != ".safetensors":
         raise UsageError(f"--out {str(args.out)!r}: a model file is named *.safetensors")
-    paths, _ = _resolve_checkpoints(args.checkpoint, args.average)
+    paths, _ = _resolve_checkpoints(args.checkpoint, args.average, option="export's CHECKPOINT")
     state = average_checkpoints(paths) if len(paths) > 1 else load_checkpoint(paths[0])
+    if "vocab" not in state:
+        raise ValueError(f"{paths[-1]}: a checkpoint without a vocabulary (a task of no text) cannot be exported")
     out = export_model(state, args.out)
-    return {"out": str(out), "bytes": out.stat().st_size, "averaged": [str(p) for p in paths], "step": state["step"]}
+    return {"out": str(out), "bytes": out.stat().st_size, "checkpoints": [str(p) for p in paths], "step": state["step"]}
 
 # %% ../book/a4_command_line.ipynb #af6c1b35
 def _add_bench(commands) -> None:
@@ -739,7 +746,8 @@ def main(argv=None) -> int:
         resume = ""
         if args and args.command == "train" and args.recipe:
             out = args.out or RUNS / args.recipe
-            resume = f"; continue with: annotated-transformer train {args.recipe} --out {shlex.quote(str(out))} --resume"
+            resume = (f"; continue with: annotated-transformer train --out {shlex.quote(str(out))} --resume"
+                      if (out / "config.json").exists() else "; nothing was trained yet: run the same command again")
         elif args and args.command == "variations":
             resume = "; run the same command again to continue (scored rows are kept, the stopped one resumes)"
         print(f"annotated-transformer: {how}{resume}", file=sys.stderr)

@@ -314,7 +314,10 @@ class Recipe:
     def from_dict(cls, values: dict) -> "Recipe":
         "The recipe that `to_dict` gave (a run's config.json stores it); ValueError for settings this version lacks."
         values = dict(values)
-        model = dict(values.pop("model", {}))
+        model = values.pop("model", {})
+        if not isinstance(model, dict):
+            raise ValueError(f"not a recipe of this version: its model settings are {type(model).__name__}, not a "
+                             "mapping of names to values")
         unknown = sorted(set(values) - {f.name for f in dataclasses.fields(Recipe)}
                          | set(model) - {f.name for f in dataclasses.fields(TransformerConfig)})
         if unknown:
@@ -838,7 +841,7 @@ def _vocab_digest(vocab: dict) -> str:
     "The sha256 of a vocabulary's entries (bytes as they are, the rest as JSON), which a model file stores and checks."
     digest = hashlib.sha256()
     for key, value in sorted(vocab.items()):
-        digest.update(key.encode() + (value if isinstance(value, bytes) else json.dumps(value).encode()))
+        digest.update(key.encode() + b"\0" + (value if isinstance(value, bytes) else json.dumps(value).encode()) + b"\0")
     return digest.hexdigest()
 
 
@@ -855,7 +858,7 @@ def export_model(state: dict, out) -> Path:
     for name, t in state["model"].items():
         t = t.detach().to("cpu").contiguous()
         same = next((kept for kept, k in tensors.items() if k.dtype == t.dtype and k.shape == t.shape
-                     and torch.equal(k, t)), None)
+                     and torch.equal(k.reshape(-1).view(torch.uint8), t.reshape(-1).view(torch.uint8))), None)  # the same bytes: -0.0 is not 0.0
         if same is None:
             tensors[name] = t.clone()
         else:
@@ -863,7 +866,7 @@ def export_model(state: dict, out) -> Path:
     vocab = {}
     for key, value in state["vocab"].items():
         if isinstance(value, bytes):
-            tensors[f"vocab.{key}"] = torch.frombuffer(bytearray(value), dtype=torch.uint8)
+            tensors[f"vocab.{key}"] = torch.tensor(list(value), dtype=torch.uint8)
             vocab[key] = {"bytes": f"vocab.{key}"}
         else:
             vocab[key] = value
@@ -900,12 +903,21 @@ def read_model_file(path) -> dict:
     required = {"config", "vocab", "aliases", "step", "src_vocab", "tgt_vocab", "weights_sha256", "vocab_sha256"}
     if missing := required - set(header):
         raise CheckpointError(f"{path}: incomplete model file, its header lacks {', '.join(sorted(missing))}")
-    nothing = torch.empty(0, dtype=torch.uint8)  # bytes the file lost: the vocabulary's digest says so
-    vocab = {key: bytes(tensors.pop(value["bytes"], nothing).numpy()) if isinstance(value, dict) and "bytes" in value
-             else value for key, value in header["vocab"].items()}
+    vocab, aliases, config = header["vocab"], header["aliases"], header["config"]
+    names = [value["bytes"] for value in vocab.values() if isinstance(value, dict) and "bytes" in value] \
+        if isinstance(vocab, dict) else []
+    if not (isinstance(vocab, dict) and isinstance(aliases, dict) and isinstance(config, dict)
+            and all(isinstance(n, str) and n in tensors and tensors[n].dtype == torch.uint8 and tensors[n].dim() == 1
+                    for n in names)
+            and all(isinstance(a, str) and isinstance(f, str) and f in tensors and f not in names
+                    for a, f in aliases.items())):
+        raise CheckpointError(f"{path}: a model file whose header does not describe its tensors (vocabulary bytes or "
+                              "shared weights that it does not hold); export it again")
+    vocab = {key: bytes(tensors.pop(value["bytes"]).numpy()) if isinstance(value, dict) and "bytes" in value
+             else value for key, value in vocab.items()}
     if _vocab_digest(vocab) != header["vocab_sha256"]:
         raise CheckpointError(f"{path}: the vocabulary does not match its digest: the file is damaged; export it again")
-    tensors.update({name: tensors[first] for name, first in header["aliases"].items()})  # shared weights, shared
+    tensors.update({name: tensors[first] for name, first in aliases.items()})  # shared weights, shared again
     return {"format": CHECKPOINT_FORMAT, "package_version": header.get("package_version"), "config": header["config"],
             "recipe": header.get("recipe"), "src_vocab": header["src_vocab"], "tgt_vocab": header["tgt_vocab"],
             "vocab": vocab, "model": tensors, "step": header["step"], "averaged": header.get("averaged", []),

@@ -48,7 +48,7 @@ def test_an_exported_model_translates_exactly_as_its_run(run, request, tmp_path,
     out = tmp_path / "model.safetensors"
     assert main(["export", str(run_dir), "--out", str(out)]) == 0
     written = json.loads(capsys.readouterr().out)
-    assert written["out"] == str(out) and len(written["averaged"]) == 3  # the recipe's average_checkpoints
+    assert written["out"] == str(out) and len(written["checkpoints"]) == 3  # the recipe's average_checkpoints
     sources = [de for de, _ in load_multi30k("test")[:100]]
     from_run = Translator.from_checkpoint(*checkpoints_to_average(run_dir, 3)).translate(sources)
     assert Translator.from_checkpoint(out).translate(sources) == from_run

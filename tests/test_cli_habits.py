@@ -67,7 +67,7 @@ def test_train_help_lists_the_recipes_their_settings_and_the_environment(capsys,
     flat = " ".join(help_text.split())  # as wrapped, words are separated by line breaks too
     for name, description in RECIPE_DESCRIPTIONS.items():
         assert f"{name} {description}" in flat
-    assert "under a minute on a 2-core CPU" in flat and "about 20 minutes on 2 CPU cores" in flat
+    assert "under a minute on a 2-core CPU" in flat and "about 18 minutes on 2 CPU cores" in flat
     assert "steps=1234" in flat and "steps=1200" not in flat
     assert "d_model=64" in flat and "direction=de-en" in flat  # the recipes' own values
     for field in dataclasses.fields(Recipe):
@@ -258,11 +258,22 @@ def test_an_interrupted_run_started_from_another_is_told_how_to_continue(stored_
     out = tmp_path / "new"
     assert main(["train", "--from", str(stored_run), "--out", str(out)]) == 130
     assert capsys.readouterr().err == (
-        f"annotated-transformer: interrupted; continue with: annotated-transformer train copy --out {out} --resume\n"
+        "annotated-transformer: interrupted; nothing was trained yet: run the same command again\n"
     )
+    assert not out.exists()  # stopped before the run began: no folder, and no --resume to offer
     assert main(["--debug", "train", "--from", str(stored_run), "--out", str(out)]) == 130
     err = capsys.readouterr().err
-    assert err.startswith("Traceback (most recent call last):") and err.endswith(" --resume\n")
+    assert err.startswith("Traceback (most recent call last):") and err.endswith("run the same command again\n")
+
+    def interrupted_after_it_began(recipe, run_dir, **options):
+        (run_dir / "config.json").write_text("{}")  # what RunDir writes when the run begins
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(training, "train", interrupted_after_it_began)
+    assert main(["train", "--from", str(stored_run), "--out", str(out)]) == 130
+    assert capsys.readouterr().err == (
+        f"annotated-transformer: interrupted; continue with: annotated-transformer train --out {out} --resume\n"
+    )
 
 
 def test_a_refused_device_leaves_no_run_directory(tmp_path, monkeypatch, capsys):

@@ -149,7 +149,7 @@ def test_a_second_training_into_a_busy_folder_is_refused_and_sigterm_stops_like_
         _, err = first.communicate(timeout=120)
     assert first.returncode == 143
     assert err.strip().splitlines()[-1] == (
-        f"annotated-transformer: stopped by SIGTERM; continue with: annotated-transformer train copy --out {run} --resume"
+        f"annotated-transformer: stopped by SIGTERM; continue with: annotated-transformer train --out {run} --resume"
     )
     assert temporaries(run) == []
     log = run / "metrics.jsonl"  # one run's log, whole lines only (if it got as far as its first evaluation)

@@ -104,3 +104,28 @@ def test_a_damaged_or_foreign_model_file_is_refused_with_its_reason(tmp_path):
     cut.write_bytes(path.read_bytes()[:100])
     with pytest.raises(CheckpointError, match="cut.safetensors: not a readable model file"):
         load_checkpoint(cut)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"vocab": "[1, 2]"},  # not a mapping
+        {"vocab": '{"model": {"bytes": ["x"]}}'},  # bytes named by a list
+        {"vocab": '{"model": {"bytes": "src_embed.0.lut.weight"}}'},  # a weight passed off as vocabulary bytes
+        {"aliases": '{"tgt_embed.0.lut.weight": "no.such.tensor"}'},  # shared with a tensor the file lacks
+        {"aliases": "3"},
+    ],
+)
+def test_a_model_file_whose_header_lies_about_its_tensors_is_refused(change, tmp_path):
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from annotated_transformer.runs import export_model
+
+    path = export_model(small_state(), tmp_path / "model.safetensors")
+    with safe_open(path, framework="pt") as f:
+        metadata, tensors = f.metadata(), {name: f.get_tensor(name) for name in f.keys()}
+    forged = tmp_path / "forged.safetensors"
+    save_file(tensors, forged, metadata={**metadata, **change})
+    with pytest.raises(CheckpointError, match="forged.safetensors: (a model file whose header does not describe|the)"):
+        load_checkpoint(forged)

@@ -466,6 +466,9 @@ def _evaluate(args) -> dict:
 
     paths, run_dir = _resolve_checkpoints(args.checkpoint, args.average)
     translator = Translator.from_checkpoint(*paths, device=_device(args.device))
+    what = "newstest2014" if translator.dataset == "wmt14" else f"Multi30k {args.split}"
+    print(f"annotated-transformer: translating {what} with beam {args.beam_size}, alpha {args.alpha}, on "
+          f"{translator.device} (minutes on a CPU)", file=sys.stderr, flush=True)  # nothing else shows for a while
     if translator.dataset == "wmt14":  # a WMT14 model: newstest2014, full and filtered
         evaluation = evaluate_wmt14(translator, args.beam_size, args.alpha, args.extra_len)
         report = (

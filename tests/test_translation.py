@@ -418,7 +418,9 @@ def test_a_subword_run_translates_and_is_evaluated_on_multi30k(tiny_subword_run,
     few = load_multi30k("valid")[:12]  # the command scores Multi30k (not newstest2014), here on 12 sentences
     monkeypatch.setattr(translation, "load_multi30k", lambda split, direction: few)
     assert main(["evaluate", "--checkpoint", str(run_dir), "--split", "valid", "--results", str(tmp_path)]) == 0
-    assert "tokenized, lowercased BLEU" in capsys.readouterr().out
+    out, err = capsys.readouterr()
+    assert "tokenized, lowercased BLEU" in out
+    assert "translating Multi30k valid with beam 4, alpha 0.6, on cpu" in err  # said before the long silent part
     result = json.loads((tmp_path / "multi30k-cpu-de-en-valid.json").read_text())
     assert result["dataset"] == "multi30k" and result["split"] == "valid" and result["recipe_settings"]["subwords"]
 

@@ -22,12 +22,13 @@ from torch.utils.flop_counter import FlopCounterMode, flop_registry, register_fl
 
 from torch import Tensor, nn
 
+from .data import load_multi30k
+from .distributed import check_device, device_name
+from .measure import PeakMemory, spread, summarize, sync, time_updates, typical_batches
 from .model import EncoderDecoder, TransformerConfig, make_model
 from .multi_head import MultiHeadedAttention
-from .data import load_multi30k
-from .measure import PeakMemory, spread, summarize, sync, time_updates, typical_batches
-from .runs import (RECIPES, check_device, commit, device_name,
-                                        load_task)
+from .recipes import RECIPES, load_task
+from .runs import commit
 from .training import (PAD, LabelSmoothing, accumulate_gradients, batches_of, make_optimizer,
                                             padding_fraction, token_batches)
 from .translation import IncrementalDecoder, Translator, decode_batches
@@ -135,7 +136,6 @@ def _training_step(config: TransformerConfig, src_vocab: int, tgt_vocab: int, pa
         return ntokens
 
     return model, step, {"bf16_autocast": autocast, "fused_adam": bool(optimizer.defaults.get("fused"))}
-
 
 # %% ../book/10_speed.ipynb #279a7c7b
 def bench_training(config: TransformerConfig, pairs, src_vocab: int, tgt_vocab: int, path: str, device, *,

@@ -16,7 +16,8 @@ from filelock import FileLock
 
 from . import runs
 from .data import data_dir, read_json
-from .runs import Recipe, list_checkpoints
+from .recipes import Recipe
+from .runs import list_checkpoints
 from .training import train
 
 # Modules that only show, measure or compare runs: a change to them leaves the cached runs as they are.

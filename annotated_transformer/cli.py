@@ -25,14 +25,13 @@ from pathlib import Path
 import torch
 
 from . import __version__
-from .distributed import process_group
+from .distributed import default_device, process_group
 from .model import TransformerConfig
-from .runs import (RECIPE_DESCRIPTIONS, RECIPES, Recipe, RunDirBusy, default_device,
-                                        record_result, stored_recipe)
+from .recipes import RECIPE_DESCRIPTIONS, RECIPES, Recipe, stored_recipe
+from .runs import RunDirBusy, record_result
 
 # Where runs go when no --out says otherwise: runs/NAME, beside the command's working folder.
 RUNS = Path("runs")
-
 
 # %% ../book/a4_command_line.ipynb #e899107d
 class UsageError(Exception):
@@ -386,7 +385,6 @@ def _resolve_checkpoints(paths: list[Path], average: int | None,
                                                                        if path.is_dir() else ""))
     return checkpoints_to_read(paths, average, option="--average")
 
-
 # %% ../book/a4_command_line.ipynb #139a9e19
 def _add_translate(commands) -> None:
     "The `translate` command's arguments."
@@ -511,7 +509,7 @@ def _add_export(commands) -> None:
 
 def _export(args) -> dict:
     "Run `export`: the (averaged) checkpoints as one model file; returns what was written."
-    from annotated_transformer.runs import export_model, load_checkpoint
+    from annotated_transformer.checkpoints import export_model, load_checkpoint
     from annotated_transformer.translation import average_checkpoints
 
     if args.out.suffix != ".safetensors":
@@ -611,7 +609,7 @@ def _add_variations(commands) -> None:
 
 def _variations(args, settings: dict) -> dict:
     "Run `variations`: every row trained and scored, the table written and printed; returns the table."
-    from annotated_transformer.runs import check_device, device_name, device_slug
+    from annotated_transformer.distributed import check_device, device_name, device_slug
     from annotated_transformer.variations import DEFAULT_BASE, run_variations, table3_rows, variations_table
 
     only = [word for word in args.only or [] if "=" not in word] or None

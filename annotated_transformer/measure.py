@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from .data import atomic_file, write_json
-from .runs import device_slug
+from .distributed import device_slug
 
 # %% ../book/a9_measure.ipynb #5a0c2b47
 def summarize(values) -> dict:

@@ -17,10 +17,12 @@ import torch
 from torch import Tensor, nn
 
 from .attention import subsequent_mask
-from .distributed import Processes, accumulation_steps, rank_and_world_size, split_for_processes
+from .checkpoints import TrainingState, training_checkpoint
+from .distributed import (Processes, accumulation_steps, check_device, rank_and_world_size,
+                                               rng_state, split_for_processes)
 from .model import EncoderDecoder, make_model
-from .runs import (ProgressReport, Recipe, RunDir, Task, TrainingState, check_device, load_task,
-                                        rng_state)
+from .recipes import Recipe, Task, load_task
+from .runs import ProgressReport, RunDir
 from .text import BOS, EOS, PAD
 
 # %% ../book/06_training.ipynb #3c7daccd
@@ -341,12 +343,8 @@ def train(recipe: Recipe, run_dir, *, device=None, resume: bool = False, progres
             if state.step % recipe.checkpoint_every == 0 or state.step == end or due:
                 state.elapsed_s = time.perf_counter() - started
                 rng, recorded = processes.random_states(rng_state(device), state.step)
-                run.save({"config": recipe.to_dict()["model"], "recipe": recipe.to_dict(), "src_vocab": task.src_vocab,
-                          "tgt_vocab": task.tgt_vocab, "vocab": task.vocab, "model": model.state_dict(),
-                          "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "step": state.step,
-                          "epoch": state.epoch, "position": state.position, "elapsed_s": state.elapsed_s,
-                          "window": (state.window_loss, state.window_tokens), "rng": rng, **recorded},
-                         state.step, recipe.keep_checkpoints)
+                run.save(training_checkpoint(recipe, task, model, optimizer, scheduler, state, rng, **recorded),
+                         recipe.keep_checkpoints)
                 saved_at = time.perf_counter()
         summary = {"recipe": recipe.name, "device": str(device), "steps": state.step,
                    "finished": state.step >= recipe.steps, "wall_time_s": time.perf_counter() - started,

@@ -21,11 +21,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .attention import subsequent_mask
+from .checkpoints import Checkpoint, CheckpointError, load_checkpoint, model_from_state, model_part
 from .data import load_multi30k
+from .distributed import check_device
 from .model import EncoderDecoder
 from .multi_head import MultiHeadedAttention
-from .runs import (CheckpointError, Recipe, Task, check_device, checkpoints_to_read,
-                                        load_checkpoint, model_from_state)
+from .recipes import Recipe, Task
+from .runs import checkpoints_to_read
 from .text import (BOS, EOS, PAD, Vocab, WordTokenizer, multi30k_subwords, text_codec,
                                         tokenized_multi30k)
 from .training import pad_sequences
@@ -246,10 +248,7 @@ def greedy_search(model: EncoderDecoder, src: Tensor, src_mask: Tensor, extra_le
                                           banned=banned)]
 
 # %% ../book/07_decoding.ipynb #c4330647
-_RESUME_ONLY = ("optimizer", "scheduler", "rng", "window", "epoch", "position")
-
-
-def average_checkpoints(paths) -> dict:
+def average_checkpoints(paths) -> Checkpoint:
     """One checkpoint whose weights are the element-wise mean of the weights in `paths` (§6.1).
 
     The checkpoints must come from the same model (configuration, names and shapes); the means are taken in
@@ -280,9 +279,7 @@ def average_checkpoints(paths) -> dict:
         last = state
     averaged = {name: (t / len(paths)).to(last["model"][name].dtype) if t.is_floating_point() else t
                 for name, t in total.items()}
-    result = {key: value for key, value in last.items() if key not in _RESUME_ONLY}
-    return {**result, "model": averaged, "averaged": [p.name for p in paths]}
-
+    return {**model_part(last), "model": averaged, "averaged": [p.name for p in paths]}
 
 # %% ../book/07_decoding.ipynb #97a9b374
 def decode_batches(model: EncoderDecoder, sources: list[list[int]], batch_size: int = 64, beam_size: int = BEAM_SIZE,

@@ -15,8 +15,10 @@ from pathlib import Path
 
 import torch
 
-from .runs import (Recipe, check_device, checkpoints_to_average, commit, device_name, load_task,
-                                        read_json, write_json)
+from .data import read_json, write_json
+from .distributed import check_device, device_name
+from .recipes import Recipe, load_task
+from .runs import checkpoints_to_average, commit
 from .training import train, validation_loss
 from .translation import Translator, evaluate_translator
 

@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from .data import (NEWSTEST2014_FILTERED, WMT14_CORPORA, DataError, atomic_file, data_dir, iter_lines,
-                                        load_wmt14_test, read_corpus, write_json)
-from .runs import Recipe, Task
+from .data import (NEWSTEST2014_FILTERED, WMT14_CORPORA, DataError, atomic_file, data_dir,
+                                        iter_lines, load_wmt14_test, read_corpus, write_json)
+from .recipes import Recipe, Task
 from .text import BOS, EOS, Subwords
 from .translation import ALPHA, BEAM_SIZE, EXTRA_LEN, Translator, corpus_scores, decoding_variant
 

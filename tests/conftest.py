@@ -50,7 +50,7 @@ def single_threaded_env():
 def _tiny_multi30k(tmp_path_factory, **settings):
     """`multi30k-cpu` trained for seconds (one layer of width 32, 40 updates, 3 checkpoints kept), with `settings`
     changed. Returns (run directory, summary)."""
-    from annotated_transformer.runs import RECIPES
+    from annotated_transformer.recipes import RECIPES
     from annotated_transformer.training import train
 
     run_dir = tmp_path_factory.mktemp("runs") / "multi30k-tiny"

@@ -8,14 +8,13 @@ from torch.profiler import ProfilerActivity, profile
 from torch.utils.flop_counter import FlopCounterMode
 
 from annotated_transformer import (
-    MultiHeadedAttention,
     IncrementalDecoder,
+    MultiHeadedAttention,
     TransformerConfig,
     make_model,
     make_optimizer,
     subsequent_mask,
 )
-from annotated_transformer.runs import RECIPES, device_slug
 from annotated_transformer.bench import (
     FusedMultiHeadedAttention,
     bench_training,
@@ -28,8 +27,10 @@ from annotated_transformer.bench import (
     training_flops,
     use_path,
 )
-from annotated_transformer.measure import bench_table, write_benchmark
 from annotated_transformer.cli import main
+from annotated_transformer.distributed import device_slug
+from annotated_transformer.measure import bench_table, write_benchmark
+from annotated_transformer.recipes import RECIPES
 from annotated_transformer.training import BOS, EOS, PAD, Batch, LabelSmoothing, copy_task, pad_sequences
 from annotated_transformer.translation import decode_batches
 

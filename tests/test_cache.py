@@ -5,7 +5,7 @@ import json
 import pytest
 
 from annotated_transformer import cache as run_cache
-from annotated_transformer.runs import RECIPES
+from annotated_transformer.recipes import RECIPES
 from annotated_transformer.training import train
 
 

@@ -11,10 +11,10 @@ import torch
 
 import annotated_transformer
 from annotated_transformer import training
+from annotated_transformer.charts import plot_metrics
 from annotated_transformer.cli import main
 from annotated_transformer.model import TransformerConfig
-from annotated_transformer.runs import RECIPE_DESCRIPTIONS, RECIPES, Recipe
-from annotated_transformer.charts import plot_metrics
+from annotated_transformer.recipes import RECIPE_DESCRIPTIONS, RECIPES, Recipe
 from annotated_transformer.training import train as real_train
 from annotated_transformer.translation import Translator
 

@@ -8,8 +8,10 @@ import pytest
 import torch
 
 from annotated_transformer import make_model
+from annotated_transformer.checkpoints import load_checkpoint
 from annotated_transformer.distributed import launch
-from annotated_transformer.runs import RECIPES, list_checkpoints, load_checkpoint
+from annotated_transformer.recipes import RECIPES
+from annotated_transformer.runs import list_checkpoints
 from annotated_transformer.training import (
     PAD,
     LabelSmoothing,
@@ -83,3 +85,56 @@ def test_torchrun_starts_an_nccl_process_group_and_trains(tmp_path):
     )
     assert json.loads(output)["finished"]
     assert json.loads((tmp_path / "nccl" / "config.json").read_text())["device"].startswith("cuda")
+
+
+def test_fused_adam_takes_the_same_steps_as_the_unfused_one():
+    "Fused Adam (one kernel for all tensors) computes the paper's update as the per-tensor implementation does."
+    torch.manual_seed(0)
+    first = make_model(13, 13, N=1, d_model=32, d_ff=64, h=4, dropout=0.0).cuda()
+    second = make_model(13, 13, N=1, d_model=32, d_ff=64, h=4, dropout=0.0).cuda()
+    second.load_state_dict(first.state_dict())
+    initial = {k: v.clone() for k, v in first.state_dict().items()}
+    fused, unfused = make_optimizer(first, 32, warmup=10), make_optimizer(second, 32, warmup=10)
+    assert fused[0].defaults["fused"] is True
+    for group in unfused[0].param_groups:
+        group["fused"], group["foreach"] = False, False  # the plain loop over tensors, one at a time
+    pairs, criterion = copy_task(40, seed=0), LabelSmoothing(13, PAD, 0.1)
+    batch = batches_of(pairs, range(40)).to("cuda")
+    for _ in range(5):
+        # One gradient for both: near-zero gradients differ between two backward passes (CUDA adds some atomically,
+        # in any order), and Adam, dividing by their root mean square, turns such noise into full-size steps.
+        accumulate_gradients(first, [batch], criterion, autocast=False)
+        for mine, theirs in zip(second.parameters(), first.parameters()):
+            mine.grad = theirs.grad.clone()
+        for optimizer, scheduler in (fused, unfused):
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+    a, b = first.state_dict(), second.state_dict()
+    gap = max((a[k] - b[k]).abs().max().item() for k in a)
+    moved = max((a[k] - initial[k]).abs().max().item() for k in a)
+    print(f"after 5 updates: weights moved by up to {moved:.1e}; fused and unfused apart by {gap:.1e}")
+    assert moved > 1e-3  # the updates did something
+    assert gap < 1e-5  # and the same thing, up to float32 rounding in another order
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
+def test_two_nccl_processes_train_as_one(tmp_path):
+    "Two processes on two GPUs exchange gradients through NCCL and end with the same weights in every process."
+    output = launch(
+        2,
+        "train",
+        "copy",
+        "--out",
+        str(tmp_path / "two"),
+        "--device",
+        "cuda",
+        "--quiet",
+        "steps=20",
+        "eval_every=20",
+        "checkpoint_every=20",
+        timeout=300,
+    )
+    assert json.loads(output)["finished"]
+    state = load_checkpoint(list_checkpoints(tmp_path / "two")[-1])
+    assert state["world_size"] == 2 and len(state["rng"]["processes"]) == 2

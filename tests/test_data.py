@@ -13,6 +13,7 @@ from annotated_transformer import data
 from annotated_transformer.data import (
     MULTI30K_SHA256,
     DataError,
+    data_dir,
     fetch,
     iter_lines,
     load_multi30k,
@@ -131,3 +132,27 @@ def test_multi30k_has_the_published_sizes_and_checksums():
         load_multi30k("test", "de-fr")
     with pytest.raises(ValueError, match="unknown Multi30k split"):
         load_multi30k("dev")
+
+
+# AT_DATA_DIR
+
+
+def test_an_unusable_data_dir_names_the_variable(tmp_path, monkeypatch):
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setenv("AT_DATA_DIR", str(tmp_path / "a-file"))
+    with pytest.raises(DataError, match=r"^AT_DATA_DIR=.*a-file: is a file, not a folder; set AT_DATA_DIR to a folder"):
+        data_dir()
+    monkeypatch.setenv("AT_DATA_DIR", str(tmp_path / "a-file" / "cache"))
+    with pytest.raises(DataError, match=r"^AT_DATA_DIR=.*a-file/cache: cannot be made \(.*\); set AT_DATA_DIR to"):
+        data_dir()
+    monkeypatch.setenv("AT_DATA_DIR", str(tmp_path / "cache"))
+    assert data_dir() == tmp_path / "cache" and data_dir().is_dir()  # a usable folder: made when first needed
+
+
+def test_a_read_only_data_dir_can_still_be_read(tmp_path, monkeypatch):
+    "A shared, filled data folder that this user may only read (common on clusters) is not refused."
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o500)
+    monkeypatch.setenv("AT_DATA_DIR", str(shared))
+    assert data_dir() == shared

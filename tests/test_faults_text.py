@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from annotated_transformer import cli, make_model
-from annotated_transformer.runs import save_checkpoint
+from annotated_transformer.checkpoints import save_checkpoint
 from annotated_transformer.text import BOS, EOS, PAD, SPECIALS, UNK, SubwordCodec, Subwords, Vocab
 from annotated_transformer.translation import Translator
 

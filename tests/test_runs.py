@@ -1,131 +1,107 @@
-"""Runs, recipes and checkpoints (`annotated_transformer.runs`, book/a2_runs.ipynb): the messages a user gets for a
-recipe file or a checkpoint that is not what it should be."""
+"""Run directories (`annotated_transformer.runs`, book/a2_runs.ipynb): results files whose names come from files,
+damaged run files, and the commit recorded with a result."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from annotated_transformer.runs import CheckpointError, Recipe, load_checkpoint
+import annotated_transformer
+from annotated_transformer.recipes import RECIPES
+from annotated_transformer.runs import record_result
 
 
-def test_a_recipe_file_with_unknown_settings_names_them_and_the_settings_there_are():
-    with pytest.raises(
-        ValueError,
-        match=r"not a recipe of this version: unknown setting\(s\) stepz; recipe settings: "
-        r".*\bsteps\b.*; model settings: .*\bd_model\b",
+# Results files: names read from files, damaged files
+
+
+def run_folder(tmp_path, name="multi30k-tiny"):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(parents=True)
+    recipe = {**RECIPES["multi30k-tiny"].to_dict(), "name": name}
+    (run_dir / "config.json").write_text(json.dumps({"recipe": recipe, "device": "cpu"}))
+    (run_dir / "metrics.jsonl").write_text(json.dumps({"step": 10, "train_loss": 3.0, "valid_loss": 3.5}) + "\n")
+    (run_dir / "summary.json").write_text(json.dumps({"steps": 10, "wall_time_s": 2.0}))
+    return run_dir
+
+
+def evaluation(**changes):
+    return {"split": "test", "direction": "de-en", "bleu": 20.0, "hypotheses": ["A dog."], "variant": "", **changes}
+
+
+def files_in(folder):
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*"))
+
+
+def test_a_results_file_name_from_a_file_is_never_a_path(tmp_path):
+    run_dir = run_folder(tmp_path, name="../../escaped")
+    results = tmp_path / "a" / "b" / "results"
+    before = files_in(tmp_path)
+    with pytest.raises(ValueError, match=r"run/config\.json: the recipe name '\.\./\.\./escaped' is not a plain name"):
+        record_result(run_dir, evaluation(), results)
+    assert files_in(tmp_path) == before  # nothing written, inside the results folder or out of it
+    run_dir = run_folder(tmp_path / "plain")
+    for change, setting in (
+        ({"direction": "../de-en"}, "direction"),
+        ({"split": "/tmp/x"}, "split"),
+        ({"variant": "/../../x"}, "variant"),
     ):
-        Recipe.from_dict({"name": "copy", "task": "copy", "stepz": 3})
-    with pytest.raises(ValueError, match=r"unknown setting\(s\) colour, lr \(the learning rate follows equation"):
-        Recipe.from_dict({"name": "copy", "task": "copy", "lr": 1e-3, "model": {"colour": "blue"}})
-    with pytest.raises(ValueError, match="not a recipe of this version .*'task'"):  # a required setting missing
-        Recipe.from_dict({"name": "copy"})
+        with pytest.raises(ValueError, match=f"the evaluation: the {setting} "):
+            record_result(run_dir, evaluation(**change), results)
+    assert record_result(run_dir, evaluation(), results) == results / "multi30k-tiny-de-en-test.json"
 
 
-def test_a_file_that_is_no_checkpoint_says_what_a_checkpoint_is(tmp_path):
-    text = tmp_path / "notes.pt"
-    text.write_text("hello, this is no checkpoint\n")
-    with pytest.raises(
-        CheckpointError,
-        match=r"notes.pt: not a checkpoint: a checkpoint is a file that torch.save "
-        r"writes .* starts with b'hell'",
-    ):
-        load_checkpoint(text)
-    empty = tmp_path / "empty.pt"
-    empty.touch()
-    with pytest.raises(CheckpointError, match="empty.pt: not a readable checkpoint"):  # cut short, not foreign
-        load_checkpoint(empty)
+@pytest.mark.parametrize("damaged", ["config.json", "summary.json", "metrics.jsonl"])
+def test_a_damaged_run_file_is_named(tmp_path, damaged):
+    run_dir = run_folder(tmp_path)
+    (run_dir / damaged).write_bytes(b'{"recipe": {"na')  # cut short
+    with pytest.raises(ValueError, match=rf"run/{damaged}: damaged, not valid JSON"):
+        record_result(run_dir, evaluation(), tmp_path / "results")
 
 
-def small_state():
-    import torch
-
-    from annotated_transformer import make_model
-
-    torch.manual_seed(0)
-    model = make_model(10, 10, N=1, d_model=16, d_ff=32, h=2)  # one embedding shared by both sides and the output
-    return {
-        "config": model.config.__dict__,
-        "src_vocab": 10,
-        "tgt_vocab": 10,
-        "step": 3,
-        "model": model.state_dict(),
-        "vocab": {"kind": "sentencepiece", "model": bytes(range(256)) * 3, "direction": "de-en"},
-    }
+# The commit recorded with a result
 
 
-def test_an_exported_model_file_holds_the_weights_once_and_reads_back_as_a_checkpoint(tmp_path):
-    import json
-
-    import torch
-    from safetensors import safe_open
-
-    from annotated_transformer.runs import MODEL_FILE_FORMAT, export_model, weights_digest
-
-    state = small_state()
-    path = export_model(state, tmp_path / "model.safetensors")
-    with safe_open(path, framework="pt") as f:  # any safetensors reader can open it: no pickle, no code
-        header = {k: json.loads(v) for k, v in f.metadata().items()}
-        stored = set(f.keys())
-    assert header["format"] == MODEL_FILE_FORMAT and header["weights_sha256"] == weights_digest(state["model"])
-    # The embedding shared by both sides and the output layer is stored once (so are other equal values: untrained
-    # biases and norms), every other name an alias of it.
-    assert header["aliases"]["tgt_embed.0.lut.weight"] == header["aliases"]["generator.proj.weight"] in stored
-    assert not set(header["aliases"]) & stored and "vocab.model" in stored and "optimizer" not in header
-    back = load_checkpoint(path)
-    assert back["vocab"] == state["vocab"] and back["config"] == state["config"] and back["step"] == 3
-    assert back["model"].keys() == state["model"].keys()
-    assert all(torch.equal(back["model"][k], t) for k, t in state["model"].items())
-    assert not list(tmp_path.glob(".*"))  # written whole or not at all
+def commit_seen_from(package_parent: Path) -> str:
+    "What `commit()` returns in a fresh Python whose `annotated_transformer` is the copy in `package_parent`."
+    shutil.copytree(
+        Path(annotated_transformer.__file__).parent,
+        package_parent / "annotated_transformer",
+        ignore=shutil.ignore_patterns("__pycache__"),
+    )
+    env = {**os.environ, "PYTHONPATH": str(package_parent), "OMP_NUM_THREADS": "1"}
+    script = "import annotated_transformer.runs as r; print(r.__file__); print(r.commit())"
+    out = subprocess.run([sys.executable, "-c", script], env=env, cwd=package_parent, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    where, found = out.stdout.split()
+    assert Path(where).parent == package_parent / "annotated_transformer"  # the copy, not this checkout
+    return found
 
 
-def test_a_damaged_or_foreign_model_file_is_refused_with_its_reason(tmp_path):
-    import json
-
-    import torch
-    from safetensors.torch import save_file
-
-    from annotated_transformer.runs import export_model
-
-    foreign = tmp_path / "foreign.safetensors"
-    save_file({"w": torch.zeros(2)}, foreign, metadata={"format": "pt"})
-    with pytest.raises(CheckpointError, match="a safetensors file, but not a model file of this package"):
-        load_checkpoint(foreign)
-    path = export_model(small_state(), tmp_path / "model.safetensors")
-    for tensor, reason in (("src_embed.0.lut.weight", "the weights"), ("vocab.model", "the vocabulary")):
-        data = bytearray(path.read_bytes())
-        size = int.from_bytes(data[:8], "little")  # safetensors: the header's length, the header, then the data
-        start, _ = json.loads(data[8 : 8 + size])[tensor]["data_offsets"]
-        data[8 + size + start] ^= 0x01  # one bit flipped in that tensor's data
-        damaged = tmp_path / "damaged.safetensors"
-        damaged.write_bytes(bytes(data))
-        with pytest.raises(
-            CheckpointError, match=f"damaged.safetensors: {reason} do(es)? not match (their|its) digest"
-        ):
-            load_checkpoint(damaged)
-    cut = tmp_path / "cut.safetensors"
-    cut.write_bytes(path.read_bytes()[:100])
-    with pytest.raises(CheckpointError, match="cut.safetensors: not a readable model file"):
-        load_checkpoint(cut)
+def git_repository(folder: Path) -> Path:
+    folder.mkdir(parents=True)
+    (folder / "README.md").write_text("someone else's project\n")
+    git = ["git", "-C", str(folder), "-c", "user.name=t", "-c", "user.email=t@example.org"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "first"], check=True)
+    return folder
 
 
-@pytest.mark.parametrize(
-    "change",
-    [
-        {"vocab": "[1, 2]"},  # not a mapping
-        {"vocab": '{"model": {"bytes": ["x"]}}'},  # bytes named by a list
-        {"vocab": '{"model": {"bytes": "src_embed.0.lut.weight"}}'},  # a weight passed off as vocabulary bytes
-        {"aliases": '{"tgt_embed.0.lut.weight": "no.such.tensor"}'},  # shared with a tensor the file lacks
-        {"aliases": "3"},
-    ],
-)
-def test_a_model_file_whose_header_lies_about_its_tensors_is_refused(change, tmp_path):
-    from safetensors import safe_open
-    from safetensors.torch import save_file
-
-    from annotated_transformer.runs import export_model
-
-    path = export_model(small_state(), tmp_path / "model.safetensors")
-    with safe_open(path, framework="pt") as f:
-        metadata, tensors = f.metadata(), {name: f.get_tensor(name) for name in f.keys()}
-    forged = tmp_path / "forged.safetensors"
-    save_file(tensors, forged, metadata={**metadata, **change})
-    with pytest.raises(CheckpointError, match="forged.safetensors: (a model file whose header does not describe|the)"):
-        load_checkpoint(forged)
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_commit_is_recorded_only_from_this_projects_checkout(tmp_path):
+    other = git_repository(tmp_path / "other")
+    assert commit_seen_from(other / "venv" / "site-packages") == "None"  # installed inside someone's repository
+    assert commit_seen_from(other) == "None"  # at the top of a repository that is not this project
+    ours = git_repository(tmp_path / "ours")
+    (ours / "book").mkdir()
+    (ours / "book" / "a2_runs.ipynb").write_text("{}\n")
+    (ours / "pyproject.toml").write_text('[project]\nname = "annotated-transformer"\n')
+    subprocess.run(["git", "-C", str(ours), "add", "-A"], check=True)
+    git = ["git", "-C", str(ours), "-c", "user.name=t", "-c", "user.email=t@example.org"]
+    subprocess.run([*git, "commit", "-qm", "the project"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    assert commit_seen_from(ours) == head  # the project's checkout (the package's copy is not tracked: not dirty)

@@ -14,22 +14,17 @@ import torch
 import torch.nn.functional as F
 
 from annotated_transformer import make_model
-from annotated_transformer.runs import (
-    RECIPES,
-    TASKS,
+from annotated_transformer.charts import plot_metrics
+from annotated_transformer.checkpoints import (
     CheckpointError,
-    RunDir,
-    Task,
     TrainingState,
-    list_checkpoints,
     load_checkpoint,
-    load_task,
     model_from_checkpoint,
-    registered,
-    rng_state,
     save_checkpoint,
 )
-from annotated_transformer.charts import plot_metrics
+from annotated_transformer.distributed import rng_state
+from annotated_transformer.recipes import RECIPES, TASKS, Task, load_task, registered
+from annotated_transformer.runs import RunDir, list_checkpoints
 from annotated_transformer.training import (
     BOS,
     EOS,
@@ -394,9 +389,9 @@ def test_resume_restores_the_newest_checkpoint_and_forgets_metrics_logged_after_
         "window": (4.0, 20),
         "rng": rng_state(cpu),
     }
-    run.save({**state, "step": 8}, 8, keep=5)
+    run.save({**state, "step": 8}, keep=5)
     expected_draw = torch.rand(3)  # what dropout would draw next, at the newest checkpoint
-    run.save({**state, "step": 16}, 16, keep=5)
+    run.save({**state, "step": 16}, keep=5)
     (run.path / "checkpoints" / "step-best.pt").write_bytes(b"not the run's own")
 
     torch.manual_seed(1)

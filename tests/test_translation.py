@@ -15,10 +15,11 @@ import torch
 
 from annotated_transformer import make_model
 from annotated_transformer.attention import subsequent_mask
-from annotated_transformer.data import (
-    load_multi30k,
-)
-from annotated_transformer.runs import RECIPES, load_task, record_result, save_checkpoint
+from annotated_transformer.checkpoints import save_checkpoint
+from annotated_transformer.data import load_multi30k
+from annotated_transformer.recipes import RECIPES, load_task
+from annotated_transformer.runs import record_result
+from annotated_transformer.text import SPECIALS, UNK, SubwordCodec, Subwords, Vocab, WordCodec, WordTokenizer
 from annotated_transformer.training import BOS, EOS, PAD, greedy_decode, pad_sequences, train
 from annotated_transformer.translation import (
     ALPHA,
@@ -34,7 +35,6 @@ from annotated_transformer.translation import (
     greedy_search,
     length_penalty,
 )
-from annotated_transformer.text import SPECIALS, SubwordCodec, Subwords, UNK, Vocab, WordCodec, WordTokenizer
 
 
 # Words

@@ -11,7 +11,7 @@ from conftest import needs_mirror
 from annotated_transformer.bench import FusedMultiHeadedAttention, use_path
 from annotated_transformer.cli import main
 from annotated_transformer.model import TransformerConfig, make_model
-from annotated_transformer.runs import RECIPES
+from annotated_transformer.recipes import RECIPES
 from annotated_transformer.training import Batch, train
 from annotated_transformer.translation import beam_search, greedy_search
 from annotated_transformer.variations import (

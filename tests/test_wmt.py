@@ -25,16 +25,9 @@ from annotated_transformer.data import (
     read_lines,
     wmt14_file,
 )
-from annotated_transformer.runs import RECIPES
+from annotated_transformer.recipes import RECIPES
 from annotated_transformer.text import Subwords
-from annotated_transformer.wmt import (
-    TokenData,
-    clean_pairs,
-    length_filter,
-    prepare_wmt14,
-    prepared_folder,
-    wmt14_data,
-)
+from annotated_transformer.wmt import TokenData, clean_pairs, length_filter, prepare_wmt14, prepared_folder, wmt14_data
 
 from conftest import MIRROR, needs_mirror
 

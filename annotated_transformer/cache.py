@@ -21,7 +21,8 @@ from .runs import list_checkpoints
 from .training import train
 
 # Modules that only show, measure or compare runs: a change to them leaves the cached runs as they are.
-_NOT_IN_RUNS = {"__init__", "__main__", "_modidx", "cache", "cli", "charts", "viz", "bench", "measure", "variations"}
+_NOT_IN_RUNS = {"__init__", "__main__", "_modidx", "cache", "cli", "command_arguments", "model_commands", "charts",
+                "viz", "bench", "measure", "variations"}
 
 
 def run_modules(package: Path | None = None) -> list[Path]:

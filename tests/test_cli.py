@@ -37,25 +37,6 @@ def test_every_usage_error_says_where_the_help_is(argv, hint, capsys):
     assert err.startswith("annotated-transformer: error: ") and err.endswith(f" {hint}\n") and err.count("\n") == 1
 
 
-@pytest.mark.parametrize("run", ["tiny_run", "tiny_subword_run"])
-def test_an_exported_model_translates_exactly_as_its_run(run, request, tmp_path, capsys):
-    "Words or subwords: the file `export` writes gives the translations of the run's averaged checkpoints."
-    from annotated_transformer.data import load_multi30k
-    from annotated_transformer.runs import checkpoints_to_average
-    from annotated_transformer.translation import Translator
-
-    run_dir, _ = request.getfixturevalue(run)
-    out = tmp_path / "model.safetensors"
-    assert main(["export", str(run_dir), "--out", str(out)]) == 0
-    written = json.loads(capsys.readouterr().out)
-    assert written["out"] == str(out) and len(written["checkpoints"]) == 3  # the recipe's average_checkpoints
-    sources = [de for de, _ in load_multi30k("test")[:100]]
-    from_run = Translator.from_checkpoint(*checkpoints_to_average(run_dir, 3)).translate(sources)
-    assert Translator.from_checkpoint(out).translate(sources) == from_run
-    assert main(["export", str(run_dir), "--out", str(tmp_path / "model.pt")]) == 2
-    assert "a model file is named *.safetensors" in capsys.readouterr().err
-
-
 def test_a_failed_start_leaves_no_folder_behind_and_a_run_it_did_not_make_untouched(tmp_path, monkeypatch, capsys):
     from annotated_transformer import training
     from annotated_transformer.data import DataError

@@ -135,23 +135,6 @@ def test_steps_below_warmup_are_warned_about_in_one_line(trained, tmp_path, caps
     assert capsys.readouterr().err == ""
 
 
-def test_averaging_more_checkpoints_than_a_run_holds_is_warned_about(tmp_path, capsys):
-    run = tmp_path / "run"
-    (run / "checkpoints").mkdir(parents=True)
-    (run / "config.json").write_text(json.dumps({"recipe": {"average_checkpoints": 5, "keep_checkpoints": 5}}))
-    for step in (8, 16, 24):
-        (run / "checkpoints" / f"step-{step:06d}.pt").touch()  # empty files: loading them then fails, exit code 1
-    for options, asked in ((["--average", "5"], "--average 5"), ([], "the run's average_checkpoints=5")):
-        assert main(["translate", "--checkpoint", str(run), *options]) == 1
-        warning, error = capsys.readouterr().err.splitlines()
-        assert warning == (
-            f"annotated-transformer: warning: {asked} asks for 5 checkpoints, but {run} holds 3: averaging those 3"
-        )
-        assert error.startswith("annotated-transformer: error: ") and "step-000008.pt" in error
-    assert main(["translate", "--checkpoint", str(run), "--average", "3"]) == 1
-    assert "warning" not in capsys.readouterr().err
-
-
 def test_plot_metrics_without_matplotlib_says_which_extra_to_install(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
     monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)

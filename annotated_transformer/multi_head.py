@@ -7,6 +7,7 @@ __all__ = ['record_attention', 'MultiHeadedAttention']
 
 # %% ../book/02_multi_head.ipynb #4074e967
 import contextlib
+from contextvars import ContextVar
 
 import torch
 import torch.nn.functional as F
@@ -15,7 +16,9 @@ from torch import Tensor, nn
 from .attention import attention
 
 # %% ../book/02_multi_head.ipynb #80b19f3f
-_recording = 0
+# Whether the code running now is inside a `record_attention()` scope: a context variable, so that each thread (and
+# each asyncio task) has its own answer and one that records leaves the others on the fast path.
+_recording: ContextVar[bool] = ContextVar("recording_attention", default=False)
 
 
 @contextlib.contextmanager
@@ -25,12 +28,11 @@ def record_attention():
     Outside it, the heads run in `torch.nn.functional.scaled_dot_product_attention` (a fused kernel where PyTorch
     has one for the device and settings) and no weights are kept for inspection.
     """
-    global _recording
-    _recording += 1
+    token = _recording.set(True)
     try:
         yield
     finally:
-        _recording -= 1
+        _recording.reset(token)
 
 # %% ../book/02_multi_head.ipynb #494a380b
 class MultiHeadedAttention(nn.Module):
@@ -42,10 +44,12 @@ class MultiHeadedAttention(nn.Module):
     `torch.nn.functional.scaled_dot_product_attention` (a fused kernel where PyTorch has one). With `explicit=True`,
     or inside a `record_attention()` scope, they run in the book's `attention`; inside the scope the weights,
     (batch, h, n_q, n_k), are kept in `.attn`. Both paths compute the same function. `d_k` sets the width of each
-    head's queries and keys apart from that of its values, d_v = d_model / h (Table 3, row B, narrows it).
+    head's queries and keys apart from that of its values, d_v = d_model / h (Table 3, row B, narrows it). With
+    `fused=True`, the projections of one input are one matrix product (`project`): the same weights, the same function.
     """
 
-    def __init__(self, h: int, d_model: int, dropout: float = 0.1, explicit: bool = False, d_k: int | None = None):
+    def __init__(self, h: int, d_model: int, dropout: float = 0.1, explicit: bool = False, d_k: int | None = None,
+                 fused: bool = False):
         super().__init__()
         if d_model % h:
             raise ValueError(f"d_model ({d_model}) must be divisible by the number of heads h ({h}): "
@@ -57,7 +61,7 @@ class MultiHeadedAttention(nn.Module):
         self.w_q, self.w_k = (nn.Linear(d_model, h * self.d_k) for _ in range(2))
         self.w_v, self.w_o = (nn.Linear(d_model, d_model) for _ in range(2))
         self.dropout = nn.Dropout(dropout)
-        self.explicit = explicit
+        self.explicit, self.fused = explicit, fused
         self.attn: Tensor | None = None
 
     def split_heads(self, x: Tensor) -> Tensor:
@@ -69,8 +73,16 @@ class MultiHeadedAttention(nn.Module):
         return x.transpose(1, 2).reshape(x.size(0), -1, self.h * self.d_v)
 
     def project(self, query: Tensor, key: Tensor, value: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        "Q W^Q, K W^K and V W^V: (batch, n, h * d_k), (batch, n, h * d_k) and (batch, n, d_model)."
-        return self.w_q(query), self.w_k(key), self.w_v(value)
+        """Q W^Q, K W^K and V W^V: (batch, n, h * d_k), (batch, n, h * d_k) and (batch, n, d_model). With `fused`, the
+        layers that read one input (all three in self-attention, W^K and W^V in encoder-decoder attention) are one
+        product, their weights stacked, its output split back into theirs."""
+        layers = [self.w_q, self.w_k, self.w_v]
+        if not self.fused or key is not value:
+            return tuple(layer(x) for layer, x in zip(layers, (query, key, value)))
+        groups = [(query, layers)] if query is key else [(query, layers[:1]), (key, layers[1:])]
+        return tuple(part for x, ws in groups
+                     for part in F.linear(x, torch.cat([w.weight for w in ws]), torch.cat([w.bias for w in ws]))
+                     .split([w.out_features for w in ws], dim=-1))
 
     def forward(self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None = None) -> Tensor:
         if mask is not None:
@@ -81,9 +93,9 @@ class MultiHeadedAttention(nn.Module):
                 raise ValueError(f"mask must have shape (batch, 1, n_k) or (batch, n_q, n_k), got {tuple(mask.shape)}")
             mask = mask.unsqueeze(1)  # (batch, 1, 1 or n_q, n_k): the same mask for every head
         q, k, v = (self.split_heads(t) for t in self.project(query, key, value))  # (batch, h, n_q or n_k, d_k)
-        if self.explicit or _recording:
+        if self.explicit or _recording.get():
             x, weights = attention(q, k, v, mask, self.dropout)  # (batch, h, n_q, d_v)
-            self.attn = weights.detach() if _recording else None
+            self.attn = weights.detach() if _recording.get() else None
         else:
             x = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
                                                dropout_p=self.dropout.p if self.training else 0.0)

@@ -16,7 +16,6 @@ from annotated_transformer import (
     subsequent_mask,
 )
 from annotated_transformer.bench import (
-    FusedMultiHeadedAttention,
     bench_training,
     bench_translation,
     decoding_time_split,
@@ -50,7 +49,7 @@ def test_fast_and_straightforward_paths_give_the_same_loss_and_gradients(norm_fi
     for fast in (False, True):
         use_path(model, fast)
         attentions = [m for m in model.modules() if isinstance(m, MultiHeadedAttention)]
-        assert all(m.explicit is not fast and isinstance(m, FusedMultiHeadedAttention) is fast for m in attentions)
+        assert all(m.explicit is not fast and m.fused is fast for m in attentions)
         model.zero_grad()
         log_probs = model.generator(model(batch.src, batch.tgt_in, batch.src_mask, batch.tgt_mask))
         loss = criterion(log_probs.reshape(-1, 40), batch.tgt_y.reshape(-1))
@@ -59,41 +58,6 @@ def test_fast_and_straightforward_paths_give_the_same_loss_and_gradients(norm_fi
     torch.testing.assert_close(found[0][0], found[1][0], atol=1e-12, rtol=1e-12)
     for a, b in zip(found[0][1], found[1][1]):
         torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)
-
-
-def test_fused_projections_equal_the_separate_ones_for_each_kind_of_input():
-    torch.manual_seed(1)
-    mha = FusedMultiHeadedAttention(4, 32, dropout=0.0).double()
-    x, y, z = (torch.randn(2, n, 32, dtype=torch.float64, requires_grad=True) for n in (5, 7, 7))
-    for query, key, value in ((x, x, x), (x, y, y), (x, y, z)):
-        fused = mha.project(query, key, value)
-        separate = mha.w_q(query), mha.w_k(key), mha.w_v(value)
-        for a, b in zip(fused, separate):
-            torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
-        grads = [
-            torch.autograd.grad(sum((t * w).sum() for t, w in zip(outs, (1.0, 2.0, 3.0))), mha.w_k.weight)[0]
-            for outs in (fused, separate)
-        ]
-        torch.testing.assert_close(grads[0], grads[1], atol=1e-12, rtol=1e-12)
-
-
-def test_fused_projections_are_one_matrix_product(monkeypatch):
-    mha = FusedMultiHeadedAttention(4, 32, dropout=0.0)
-    x, y = torch.randn(2, 5, 32), torch.randn(2, 7, 32)
-    calls = []
-    linear = torch.nn.functional.linear
-    monkeypatch.setattr(torch.nn.functional, "linear", lambda *a, **k: calls.append(a[1].shape) or linear(*a, **k))
-    mha.project(x, x, x)
-    assert calls == [(96, 32)]  # Q, K, V: one product with the stacked weights
-    calls.clear()
-    mha.project(x, y, y)
-    assert calls == [(32, 32), (64, 32)]  # Q alone, then K and V together
-    calls.clear()
-    mha(x, x, x)
-    assert calls == [(96, 32), (32, 32)]  # the fast path uses it (then W^O)
-    calls.clear()
-    MultiHeadedAttention(4, 32, dropout=0.0, explicit=True)(x, x, x)
-    assert calls == [(32, 32)] * 4  # the book's path: four separate products
 
 
 def _sharp_model(seed: int):
@@ -197,13 +161,6 @@ def test_training_flops_count_what_runs_forward_and_backward():
         assert counter.get_total_flops() == pytest.approx(
             training_flops(model, [src_len] * 3, [tgt_len - 1] * 3), rel=1e-9
         )
-
-
-def test_flops_of_the_cpu_attention_kernel_are_counted():
-    q, k = torch.randn(2, 4, 5, 8), torch.randn(2, 4, 7, 8)
-    with torch.inference_mode(), FlopCounterMode(display=False) as counter:
-        torch.nn.functional.scaled_dot_product_attention(q, k, k)
-    assert counter.get_total_flops() == 4 * 2 * 4 * 5 * 7 * 8
 
 
 def copy_pairs(n: int):

@@ -47,3 +47,25 @@ def test_a_table_without_translation_says_why():
         "translation": "not measured: no trained checkpoint was given",
     }
     assert bench_table(result).endswith("Translation: not measured: no trained checkpoint was given.")
+
+
+def test_flops_of_the_cpu_attention_kernel_are_counted():
+    from annotated_transformer.measure import count_flops
+
+    q, k = torch.randn(2, 4, 5, 8), torch.randn(2, 4, 7, 8)
+    with torch.inference_mode(), count_flops() as counter:
+        torch.nn.functional.scaled_dot_product_attention(q, k, k)
+    assert counter.get_total_flops() == 4 * 2 * 4 * 5 * 7 * 8
+
+
+def test_importing_the_benchmark_leaves_pytorchs_flop_formulas_as_they_are():
+    import subprocess
+    import sys
+
+    code = (
+        "import torch, annotated_transformer.bench, annotated_transformer.measure as m\n"
+        "from torch.utils.flop_counter import flop_registry\n"
+        "print(m._CPU_ATTENTION in flop_registry); m.count_flops(); print(m._CPU_ATTENTION in flop_registry)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    assert done.stdout.split() == ["False", "True"]

@@ -156,3 +156,62 @@ def test_narrower_keys_than_values_are_the_paper_formula_on_both_paths():
 def test_a_d_k_that_is_no_positive_integer_is_refused(d_k):
     with pytest.raises(ValueError, match="d_k must be a positive integer or None"):
         MultiHeadedAttention(4, 32, d_k=d_k)
+
+
+def test_fused_projections_equal_the_separate_ones_for_each_kind_of_input():
+    torch.manual_seed(1)
+    mha = MultiHeadedAttention(4, 32, dropout=0.0, fused=True).double()
+    x, y, z = (torch.randn(2, n, 32, dtype=torch.float64, requires_grad=True) for n in (5, 7, 7))
+    for query, key, value in ((x, x, x), (x, y, y), (x, y, z)):
+        fused = mha.project(query, key, value)
+        separate = mha.w_q(query), mha.w_k(key), mha.w_v(value)
+        for a, b in zip(fused, separate):
+            torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
+        grads = [
+            torch.autograd.grad(sum((t * w).sum() for t, w in zip(outs, (1.0, 2.0, 3.0))), mha.w_k.weight)[0]
+            for outs in (fused, separate)
+        ]
+        torch.testing.assert_close(grads[0], grads[1], atol=1e-12, rtol=1e-12)
+
+
+def test_fused_projections_are_one_matrix_product(monkeypatch):
+    mha = MultiHeadedAttention(4, 32, dropout=0.0, fused=True)
+    x, y = torch.randn(2, 5, 32), torch.randn(2, 7, 32)
+    calls = []
+    linear = torch.nn.functional.linear
+    monkeypatch.setattr(torch.nn.functional, "linear", lambda *a, **k: calls.append(a[1].shape) or linear(*a, **k))
+    mha.project(x, x, x)
+    assert calls == [(96, 32)]  # Q, K, V: one product with the stacked weights
+    calls.clear()
+    mha.project(x, y, y)
+    assert calls == [(32, 32), (64, 32)]  # Q alone, then K and V together
+    calls.clear()
+    mha(x, x, x)
+    assert calls == [(96, 32), (32, 32)]  # the fast path uses it (then W^O)
+    calls.clear()
+    MultiHeadedAttention(4, 32, dropout=0.0, explicit=True)(x, x, x)
+    assert calls == [(32, 32)] * 4  # the book's path: four separate products
+
+
+def test_recording_in_one_thread_leaves_another_on_the_fast_path():
+    "The recording scope is a context variable: each thread has its own."
+    import threading
+
+    mha = MultiHeadedAttention(2, 8, dropout=0.0).eval()
+    other = MultiHeadedAttention(2, 8, dropout=0.0).eval()
+    x = torch.randn(1, 3, 8)
+    inside, outside = threading.Event(), threading.Event()
+
+    def record():
+        with record_attention():
+            mha(x, x, x)
+            inside.set()
+            outside.wait(timeout=60)
+
+    thread = threading.Thread(target=record)
+    thread.start()
+    assert inside.wait(timeout=60)
+    other(x, x, x)  # while the other thread is inside its scope
+    outside.set()
+    thread.join()
+    assert mha.attn is not None and other.attn is None

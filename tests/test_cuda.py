@@ -138,3 +138,20 @@ def test_two_nccl_processes_train_as_one(tmp_path):
     assert json.loads(output)["finished"]
     state = load_checkpoint(list_checkpoints(tmp_path / "two")[-1])
     assert state["world_size"] == 2 and len(state["rng"]["processes"]) == 2
+
+
+def test_the_fast_path_computes_the_straightforward_loss_on_cuda():
+    "Fused projections and PyTorch's attention kernel on the GPU: the function of the book's explicit path."
+    from annotated_transformer.bench import use_path
+
+    torch.manual_seed(0)
+    model = make_model(13, 13, N=2, d_model=64, d_ff=128, h=4, dropout=0.0).cuda()
+    pairs, criterion = copy_task(40, seed=0), LabelSmoothing(13, PAD, 0.1)
+    batch = batches_of(pairs, range(40)).to("cuda")
+    losses = {}
+    for fast in (False, True):
+        use_path(model, fast)
+        model.zero_grad()
+        losses[fast], _ = accumulate_gradients(model, [batch], criterion, autocast=False)
+    print(f"loss: straightforward {losses[False]:.6f}, fast {losses[True]:.6f}")
+    assert abs(losses[True] - losses[False]) < 1e-4 * losses[False]

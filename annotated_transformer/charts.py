@@ -4,7 +4,8 @@
 
 # %% auto #0
 __all__ = ['JS_ASSETS', 'CHART_SCRIPTS', 'NPM_REGISTRY', 'CDN', 'vendor_javascript', 'chart_html', 'chart_png', 'book_renderer',
-           'use_book_charts', 'svg_text', 'svg_box', 'svg_arrow', 'svg_figure', 'markdown_table', 'plot_metrics']
+           'use_book_charts', 'save_chart', 'svg_text', 'svg_box', 'svg_arrow', 'svg_figure', 'markdown_table',
+           'plot_metrics']
 
 # %% ../book/a5_book_tools.ipynb #d94fdced
 import hashlib
@@ -19,7 +20,7 @@ import tempfile
 import urllib.request
 from pathlib import Path
 
-from .data import read_json
+from .data import atomic_file, read_json
 
 # %% ../book/a5_book_tools.ipynb #f5287c94
 JS_ASSETS = {
@@ -180,6 +181,27 @@ def use_book_charts() -> None:
 
     alt.renderers.register("annotated_transformer", book_renderer)
     alt.renderers.enable("annotated_transformer")
+
+# %% ../book/a5_book_tools.ipynb #c8faff54
+_CHART_FORMATS = {".html": "vegalite_to_html", ".png": "vegalite_to_png", ".svg": "vegalite_to_svg"}
+
+
+def save_chart(chart, path) -> Path:
+    """Save an Altair chart (or its Vega-Lite specification, a dict) to `path`: `.html`, a page that draws it offline
+    (the Vega libraries inlined); `.png` or `.svg`, a picture. Needs vl-convert: the `viz` extra."""
+    path = Path(path)
+    if path.suffix not in _CHART_FORMATS:
+        raise ValueError(f"{path}: a chart is saved as {', '.join(_CHART_FORMATS)}")
+    try:
+        import vl_convert
+    except ModuleNotFoundError:
+        raise ModuleNotFoundError("saving a chart needs vl-convert: pip install 'annotated-transformer[viz]'") from None
+    spec = chart if isinstance(chart, dict) else chart.to_dict()
+    options = {".html": {"bundle": True}, ".png": {"scale": 2}}.get(path.suffix, {})
+    drawn = getattr(vl_convert, _CHART_FORMATS[path.suffix])(spec, **options)
+    with atomic_file(path) as f:
+        f.write(drawn if isinstance(drawn, bytes) else drawn.encode())
+    return path
 
 # %% ../book/a5_book_tools.ipynb #08ccdd6b
 _FONT = 'font-family="Helvetica, Arial, sans-serif"'

@@ -26,7 +26,7 @@ import torch
 from . import __version__
 from .command_arguments import (ENVIRONMENT, CommandParser, UsageError, device_option, help_section,
                                                      parse_override, positive_int)
-from .distributed import default_device, process_group
+from .distributed import default_device, process_group, torchrun_rank
 from .model import TransformerConfig
 from .model_commands import (add_evaluate, add_export, add_translate, resolve_checkpoints,
                                                   run_evaluate, run_export, run_translate)
@@ -201,7 +201,7 @@ def _train(args, settings: dict) -> dict:
         raise
     except BaseException:
         # Failed before the run began: leave no folder behind (the writing process alone, as it alone writes).
-        if made and os.environ.get("RANK", "0") == "0" and not (out / "config.json").exists():
+        if made and torchrun_rank() == 0 and not (out / "config.json").exists():
             shutil.rmtree(out, ignore_errors=True)
         raise
 
@@ -459,7 +459,7 @@ def main(argv=None) -> int:
                 torch.set_num_threads(args.threads)
             if args.command == "train":
                 summary = _train(args, settings)
-                if os.environ.get("RANK", "0") == "0":  # under torchrun, the first process speaks for all
+                if torchrun_rank() == 0:  # under torchrun, the first process speaks for all
                     print(json.dumps(summary, indent=2))
             elif args.command == "prepare":
                 print(json.dumps(_prepare(args), indent=2))

@@ -5,7 +5,7 @@ processes at once, one per GPU, under `torchrun`: each one's share of an update,
 
 # %% auto #0
 __all__ = ['default_device', 'check_device', 'rng_state', 'set_rng_state', 'device_name', 'device_slug', 'rank_and_world_size',
-           'accumulation_steps', 'split_for_processes', 'Processes', 'under_torchrun', 'process_group',
+           'accumulation_steps', 'split_for_processes', 'Processes', 'under_torchrun', 'torchrun_rank', 'process_group',
            'torchrun_command', 'launch']
 
 # %% ../book/a3_distributed.ipynb #293a0986
@@ -162,6 +162,12 @@ class Processes:
 def under_torchrun() -> bool:
     "Whether this process was started by `torchrun` (which sets RANK, LOCAL_RANK and WORLD_SIZE)."
     return all(name in os.environ for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE"))
+
+
+def torchrun_rank() -> int:
+    """This process's number among those `torchrun` started (its RANK), known before they join a process group:
+    0 outside `torchrun`. Process 0 alone writes and speaks for all."""
+    return int(os.environ["RANK"]) if under_torchrun() else 0
 
 
 @contextlib.contextmanager

@@ -13,6 +13,7 @@ import inspect
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -279,7 +280,8 @@ class ProgressReport:
     def __init__(self, recipe: Recipe, show: bool = True):
         self.name, self.steps, self.show = recipe.name, recipe.steps, show
         self.terminal = show and sys.stderr.isatty()
-        self.bar, self.postfix = None, {}  # the bar is made at the first update, where a resumed run stands
+        self.bar, self.started = None, False  # the bar is made at the first update, where a resumed run stands
+        self.training, self.validation = (), ""  # the bar's numbers: of the newest update, of the newest evaluation
 
     def __enter__(self) -> "ProgressReport":
         return self
@@ -307,21 +309,37 @@ class ProgressReport:
         return summary
 
     def update(self, step: int, loss: float, lr: float, tokens_per_s: float) -> None:
-        "Update `step` is done, with `loss` per token at learning rate `lr`; on a terminal, the bar moves on."
+        """Update `step` is done, with `loss` per token at learning rate `lr`; on a terminal, the bar moves on. The first
+        update of a resumed run says where it resumed."""
+        if not self.started and step > 1:
+            self._line(f"resuming after update {step - 1} of {self.steps}")
+        self.started = True
         if self.terminal:
-            if self.bar is None:
-                self.bar = tqdm(total=self.steps, initial=step - 1, desc=self.name, unit="update")
-            self.postfix.update(loss=f"{loss:.3f}", lr=f"{lr:.2e}", tokens_per_s=f"{tokens_per_s:.0f}")
-            self.bar.set_postfix(self.postfix, refresh=False)
+            if self.bar is None:  # as wide as the terminal; the numbers short, so that the bar keeps some room
+                self.bar = tqdm(total=self.steps, initial=step - 1, desc=self.name, unit="update",
+                                ncols=shutil.get_terminal_size().columns,
+                                bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} "
+                                           "[{elapsed}<{remaining}]{postfix}")
+            self.training = (f"loss {loss:.3f}", f"{tokens_per_s:,.0f} tok/s", f"lr {lr:.1e}")
+            self.bar.set_postfix_str(self._numbers(), refresh=False)
             self.bar.update(step - self.bar.n)
+
+    def _numbers(self) -> str:
+        "The bar's numbers, the most telling first, as many as fit in the terminal beside a bar of 8 characters."
+        room = self.bar.ncols - len(self.name) - 2 * len(str(self.steps)) - 38  # the rest of the line, its clock too
+        shown = []
+        for part in (self.validation, *self.training):
+            if part and len(" | ".join([*shown, part])) <= room:
+                shown.append(part)
+        return " | ".join(shown)
 
     def evaluation(self, metrics: dict) -> None:
         "An evaluation's metrics, as `RunDir.log` writes them: into the bar on a terminal, as a line elsewhere."
         ppl = "inf" if metrics["valid_ppl"] is None else f"{metrics['valid_ppl']:.2f}"  # None: too large a float
         if self.terminal:
-            self.postfix.update(valid_loss=f"{metrics['valid_loss']:.3f}", valid_ppl=ppl)
+            self.validation = f"valid {metrics['valid_loss']:.3f} ppl {ppl}"
             if self.bar is not None:
-                self.bar.set_postfix(self.postfix)
+                self.bar.set_postfix_str(self._numbers())
         else:
             self._line(f"step {metrics['step']}/{self.steps} train_loss={metrics['train_loss']:.3f} "
                        f"valid_loss={metrics['valid_loss']:.3f} valid_ppl={ppl} lr={metrics['lr']:.2e} "

@@ -5,7 +5,7 @@ with spaCy and a vocabulary per language, subwords with SentencePiece, and one i
 
 # %% auto #0
 __all__ = ['PAD', 'BOS', 'EOS', 'UNK', 'SPECIALS', 'WordTokenizer', 'Vocab', 'tokenized_multi30k', 'Subwords',
-           'multi30k_subwords', 'WordCodec', 'SubwordCodec', 'text_codec', 'repeats_a_word']
+           'multi30k_subwords', 'WordCodec', 'SubwordCodec', 'SymbolCodec', 'text_codec', 'repeats_a_word']
 
 # %% ../book/a6_text.ipynb #ac05d26b
 import contextlib
@@ -213,16 +213,49 @@ class SubwordCodec:
         return [*SPECIALS, *(p.decode([i]) if p.is_byte(i) else p.id_to_piece(i) for i in range(len(SPECIALS), len(p)))]
 
 
-def text_codec(vocab: dict) -> WordCodec | SubwordCodec:
-    "The codec of a checkpoint's stored vocabulary, by its kind; a clear error for a model not trained on text."
-    codecs = {"words": WordCodec, "sentencepiece": SubwordCodec}
-    if "kind" not in vocab:
-        raise ValueError("this model was not trained on text (its checkpoint has no vocabularies); a translator "
-                         "needs a checkpoint of a translation task such as multi30k")
-    if vocab["kind"] not in codecs:
-        raise ValueError(f"this checkpoint's vocabulary is of the kind {vocab['kind']!r}, which this version of the "
+class SymbolCodec:
+    """Token ids written as whole numbers, for a model of symbols rather than text, such as the copy task's (kind
+    "symbols", or a vocabulary of `symbols` alone): "5 7 7 3" is the sequence 5, 7, 7, 3, and so is its output."""
+
+    def __init__(self, vocab: dict):
+        self.symbols = sorted(vocab["symbols"])
+
+    def source_ids(self, sentences: list[str]) -> list[list[int]]:
+        "The ids that each sentence spells, as numbers separated by spaces; a ValueError names a line that is not."
+        known, ids = set(self.symbols), []
+        for number, sentence in enumerate(sentences, 1):
+            words = sentence.split()
+            if not all(w.isdecimal() and int(w) in known for w in words):
+                raise ValueError(f"input {number}, {sentence[:40]!r}: this model reads its symbols, whole numbers "
+                                 f"from {self.symbols[0]} to {self.symbols[-1]} separated by spaces")
+            ids.append([int(w) for w in words])
+        return ids
+
+    def target_ids(self, sentences: list[str]) -> list[list[int]]:
+        "As `source_ids`: both sides write the same symbols."
+        return self.source_ids(sentences)
+
+    def decode(self, ids: list[int]) -> str:
+        "The numbers of target ids, separated by spaces."
+        return " ".join(map(str, ids))
+
+    def token_texts(self, source: bool = False) -> list[str]:
+        "The text of each id: the special symbols below the first symbol, by name; each symbol its number."
+        first = self.symbols[0]
+        return [*SPECIALS[:first], *map(str, range(first, self.symbols[-1] + 1))]
+
+
+def text_codec(vocab: dict) -> WordCodec | SubwordCodec | SymbolCodec:
+    "The codec of a checkpoint's stored vocabulary, by its kind; a vocabulary of `symbols` alone is of kind \"symbols\"."
+    codecs = {"words": WordCodec, "sentencepiece": SubwordCodec, "symbols": SymbolCodec}
+    kind = vocab.get("kind", "symbols" if "symbols" in vocab else None)
+    if kind is None:
+        raise ValueError("this checkpoint has no vocabulary; a translator needs a checkpoint of a task of text or "
+                         "symbols, such as multi30k or copy")
+    if kind not in codecs:
+        raise ValueError(f"this checkpoint's vocabulary is of the kind {kind!r}, which this version of the "
                          f"package does not read (it reads {', '.join(codecs)}); a newer version may")
-    return codecs[vocab["kind"]](vocab)
+    return codecs[kind](vocab)
 
 # %% ../book/a6_text.ipynb #6e3f9a52
 _REPEATED_WORD = re.compile(r"(?<![\w<])(<?[^\W\d_][\w'-]*>?)(?:\s+\1(?![\w>])){3,}", flags=re.IGNORECASE)

@@ -303,19 +303,16 @@ def decode_batches(model: EncoderDecoder, sources: list[list[int]], batch_size: 
 class Translator:
     """Translate text with a trained model: tokenization, batched beam search, detokenization.
 
-    `Translator.from_checkpoint(path, ...)` loads a checkpoint written by `train` (several paths: their
-    average). `translate(sentences)` returns one string per input string, in order (a single string: one string):
-    `encode` turns the text into source token ids with the `codec` of the stored vocabulary (words or subwords,
-    `text_codec`), `decode_batches` decodes them `batch_size` at a time, and the codec turns the ids back into
-    text. An empty or whitespace-only input gives an empty output without running the model. An input longer than
-    the model's positions is cut to fit, with a one-line warning that says which. Every translation is one line:
-    target tokens whose text breaks a line are `banned` from the search.
+    `from_checkpoint` loads checkpoints of `train` (several: their average), `from_pretrained` a shared model
+    file. `translate(sentences)` returns one string per input string, in order: `encode` turns the text into source
+    token ids with the `codec` of the stored vocabulary (`text_codec`), `decode_batches` decodes them `batch_size`
+    at a time, and the codec turns the ids back into text. An empty or whitespace-only input gives an empty output without running the model.
     """
 
     def __init__(self, model: EncoderDecoder, vocab: dict, device="cpu", batch_size: int = 64):
-        self.codec = text_codec(vocab)  # a clear error for a model of no text (e.g. the copy task)
+        self.codec = text_codec(vocab)  # words, subwords, or the copy task's symbols
         self.model, self.device, self.batch_size = model.eval(), torch.device(device), batch_size
-        self.vocab, self.dataset, self.direction = vocab, vocab.get("dataset"), vocab["direction"]
+        self.vocab, self.dataset, self.direction = vocab, vocab.get("dataset"), vocab.get("direction", "-")
         self.src_lang, self.tgt_lang = self.direction.split("-")
 
     @classmethod
@@ -327,6 +324,13 @@ class Translator:
         paths, _ = checkpoints_to_read(paths)
         state = average_checkpoints(paths) if len(paths) > 1 else load_checkpoint(paths[0])
         return cls(model_from_state(state, paths[-1], device), state["vocab"], device=device, batch_size=batch_size)
+
+    @classmethod
+    def from_pretrained(cls, path, **options) -> "Translator":
+        "A translator from a model file to share, which `export_model` writes (*.safetensors)."
+        if Path(path).suffix != ".safetensors":
+            raise ValueError(f"{path}: not a model file (*.safetensors); export one, or use from_checkpoint")
+        return cls.from_checkpoint(path, **options)
 
     def encode(self, sentences) -> list[list[int]]:
         "Source token ids of each string, ending in </s> and cut to the model's positions; [] for an empty one."

@@ -52,6 +52,11 @@ class CapturedAttention:
         src, reads = self.src_tokens[i], ["<s>"] + self.tgt_tokens[i][:-1]
         return {"encoder": (src, src), "decoder": (reads, reads), "cross": (reads, src)}[kind]
 
+    def chart(self, i: int, kind: str, **options) -> "alt.Chart":
+        "`attention_chart` of pair i's attention of one kind, its padding left out and its tokens as labels."
+        return attention_chart(self.pair(i)[kind], *self.labels(i, kind), **{"title": KINDS[kind], "name": kind,
+                                                                             **options})
+
 
 @torch.no_grad()
 def capture_attention(translator: Translator, sources: list[str], targets: list[str] | None = None,

@@ -190,3 +190,27 @@ def test_svg_text_sets_sub_and_superscripts_as_the_paper_does():
     assert "".join(element.itertext()) == "WO and dmodel < 2 & dk"
     plain = ElementTree.fromstring(svg_text(0, 0, "Add & Norm", bold=True))
     assert [span.text for span in plain] == ["Add & Norm"] and plain.get("font-weight") == "bold"
+
+
+def test_a_chart_saved_as_html_draws_offline_and_as_pictures(tmp_path):
+    from annotated_transformer.charts import save_chart
+
+    chart = alt.Chart(alt.Data(values=[{"x": 1, "y": 2}])).mark_point().encode(x="x:Q", y="y:Q")
+    page = save_chart(chart, tmp_path / "chart.html").read_text()
+    assert "vegaEmbed" in page and not re.findall(r"<script[^>]*\bsrc=", page)  # the libraries are inside the page
+    assert save_chart(chart.to_dict(), tmp_path / "chart.png").read_bytes().startswith(b"\x89PNG")
+    assert save_chart(chart, tmp_path / "chart.svg").read_text().lstrip().startswith("<svg")
+    with pytest.raises(ValueError, match=r"chart.pdf: a chart is saved as .html, .png, .svg"):
+        save_chart(chart, tmp_path / "chart.pdf")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["chart.html", "chart.png", "chart.svg"]
+
+
+def test_saving_a_chart_without_vl_convert_names_the_extra(tmp_path, monkeypatch):
+    import sys
+
+    from annotated_transformer.charts import save_chart
+
+    monkeypatch.setitem(sys.modules, "vl_convert", None)
+    with pytest.raises(ModuleNotFoundError, match=r"pip install 'annotated-transformer\[viz\]'"):
+        save_chart({"mark": "point"}, tmp_path / "chart.png")
+    assert not list(tmp_path.iterdir())

@@ -221,3 +221,15 @@ def test_two_processes_compute_the_gradient_of_the_whole_update(tmp_path):
         grads = torch.load(tmp_path / f"{rank}.pt")
         assert all(torch.allclose(g, h, atol=1e-6, rtol=1e-5) for g, h in zip(grads, one))
     assert max(g.abs().max().item() for g in one) > 1e-3  # gradients worth comparing
+
+
+def test_the_rank_torchrun_gives_is_read_in_one_place(monkeypatch):
+    from annotated_transformer.distributed import torchrun_rank
+
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("RANK", "3")  # RANK alone: not a process torchrun started
+    assert torchrun_rank() == 0
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert torchrun_rank() == 3

@@ -42,3 +42,19 @@ def test_averaging_more_checkpoints_than_a_run_holds_is_warned_about(tmp_path, c
         assert error.startswith("annotated-transformer: error: ") and "step-000008.pt" in error
     assert main(["translate", "--checkpoint", str(run), "--average", "3"]) == 1
     assert "warning" not in capsys.readouterr().err
+
+
+def test_the_copy_model_translates_from_the_command_line(capsys, monkeypatch):
+    "A model of symbols reads and writes numbers: one line out per line in, and a plain error for a word."
+    import io
+    from pathlib import Path
+
+    checkpoint = Path(__file__).parent / "data" / "checkpoint-format-1.pt"  # a copy run of two updates
+    monkeypatch.setattr("sys.stdin", io.StringIO("5 7 7 3\n\n12 11\n"))
+    assert main(["translate", "--checkpoint", str(checkpoint), "--device", "cpu"]) == 0
+    lines = capsys.readouterr().out.split("\n")
+    assert len(lines) == 4 and lines[1] == "" and lines[3] == ""
+    assert all(3 <= int(word) <= 12 for line in lines for word in line.split())
+    monkeypatch.setattr("sys.stdin", io.StringIO("5 seven\n"))
+    assert main(["translate", "--checkpoint", str(checkpoint), "--device", "cpu"]) == 1
+    assert "input 1, '5 seven': this model reads its symbols, whole numbers from 3 to 12" in capsys.readouterr().err

@@ -99,7 +99,7 @@ def test_on_a_terminal_the_bar_shows_the_newest_validation_loss_and_perplexity(t
         train(TINY, tmp_path / "run", device="cpu", progress=True)
     shown, last = screen.getvalue(), metrics_of(tmp_path / "run")[-1]
     assert "\r" in shown and "| 24/24" in shown  # a bar, redrawn in place, that reached the end
-    assert f"valid_loss={last['valid_loss']:.3f}, valid_ppl={last['valid_ppl']:.2f}" in shown
+    assert f"valid {last['valid_loss']:.3f} ppl {last['valid_ppl']:.2f}" in shown
     assert "train_loss=" not in shown  # no evaluation lines on a terminal
 
 
@@ -109,6 +109,26 @@ def test_a_resumed_run_s_bar_starts_where_the_run_stands(tmp_path):
         train(TINY, tmp_path / "run", device="cpu", progress=True, resume=True)
     shown = screen.getvalue()
     assert "| 16/24" in shown and "| 24/24" in shown and "| 0/24" not in shown and "| 1/24" not in shown
+
+
+@pytest.mark.parametrize("columns", [120, 80, 60])
+def test_the_bar_fits_the_terminal_with_the_validation_numbers_first(columns, tmp_path, monkeypatch):
+    monkeypatch.setenv("COLUMNS", str(columns))
+    with on_a_terminal() as screen:
+        train(TINY, tmp_path / "run", device="cpu", progress=True)
+    drawn = [line for line in screen.getvalue().replace("\n", "\r").split("\r") if line.startswith("copy: ")]
+    assert drawn and all(len(line) <= columns for line in drawn)
+    last = metrics_of(tmp_path / "run")[-1]
+    validation = f"valid {last['valid_loss']:.3f} ppl {last['valid_ppl']:.2f}"
+    assert "24/24" in drawn[-1] and (validation in drawn[-1]) is (columns >= 80)  # first, where it fits at all
+    assert ("tok/s" in drawn[-1] and "lr " in drawn[-1]) is (columns >= 120)  # the rest where there is room
+    assert "########" in drawn[-1]  # and the bar keeps its room
+
+
+def test_a_resumed_run_says_after_which_update_it_continues(tmp_path, capsys):
+    train(TINY, tmp_path / "run", device="cpu", progress=False, stop_after=16)
+    train(TINY, tmp_path / "run", device="cpu", progress=True, resume=True)
+    assert "copy: resuming after update 16 of 24\n" in capsys.readouterr().err
 
 
 def test_a_valid_perplexity_too_large_for_a_float_reads_inf(capsys):

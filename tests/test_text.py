@@ -45,11 +45,11 @@ def test_the_special_ids_are_those_of_every_vocabulary(codecs):
         assert codec.token_texts()[:4] == list(SPECIALS) and codec.token_texts(source=True)[:4] == list(SPECIALS)
 
 
-def test_text_codec_picks_the_codec_of_the_stored_kind_and_refuses_a_model_of_no_text(codecs):
+def test_text_codec_picks_the_codec_of_the_stored_kind_and_refuses_a_checkpoint_without_one(codecs):
     words, pieces = codecs
     assert type(words) is WordCodec and type(pieces) is SubwordCodec
-    with pytest.raises(ValueError, match="not trained on text"):
-        text_codec({})  # a checkpoint of the copy task
+    with pytest.raises(ValueError, match="has no vocabulary"):
+        text_codec({})
     with pytest.raises(ValueError, match="of the kind 'bytes', which this version of the package does not read"):
         text_codec({"kind": "bytes"})
 
@@ -82,3 +82,19 @@ def test_repeats_a_word_finds_a_decoder_loop_and_nothing_else():
     assert not repeats_a_word("Two dogs run, run and run; the <unk> <unk> <unk> stay three.")
     assert not repeats_a_word("0 0 0 0 0 | 1 1 1 1")  # numbers in tensors and tables are no words
     assert not repeats_a_word("a man, a man, a man, a man")  # a repeated phrase is not one word in a row
+
+
+def test_the_copy_tasks_vocabulary_reads_and_writes_numbers():
+    from annotated_transformer.text import SymbolCodec, text_codec
+
+    codec = text_codec({"pad": 0, "bos": 1, "eos": 2, "symbols": list(range(3, 13))})  # as copy checkpoints store it
+    assert isinstance(codec, SymbolCodec) and isinstance(
+        text_codec({"kind": "symbols", "symbols": [3, 4]}), SymbolCodec
+    )
+    assert codec.source_ids(["5 7  7 3", ""]) == [[5, 7, 7, 3], []] and codec.decode([5, 7, 7, 3]) == "5 7 7 3"
+    assert codec.token_texts() == ["<pad>", "<s>", "</s>", *map(str, range(3, 13))]
+    for bad in ("5 13", "5 -3", "5.0", "five"):
+        with pytest.raises(ValueError, match="input 1, .*whole numbers from 3 to 12"):
+            codec.source_ids([bad])
+    with pytest.raises(ValueError, match="this checkpoint has no vocabulary"):
+        text_codec({})

@@ -437,13 +437,14 @@ def test_translator_defines_empty_long_and_unknown_inputs(tiny_run):
         translator.translate([None])
 
 
-def test_a_checkpoint_of_another_task_is_not_a_translator(tmp_path):
+def test_a_copy_task_checkpoint_translates_its_symbols(tmp_path):
+    "Trained by `train` itself: the copy task's vocabulary of symbols makes its checkpoints translators of numbers."
     summary = train(
         RECIPES["copy"].replace(steps=2, eval_every=1, checkpoint_every=1), tmp_path / "copy", progress=False
     )
     assert summary["finished"]
-    with pytest.raises(ValueError, match="not trained on text"):
-        Translator.from_checkpoint(sorted((tmp_path / "copy" / "checkpoints").glob("*.pt"))[-1])
+    translator = Translator.from_checkpoint(tmp_path / "copy")
+    assert [all(w.isdecimal() for w in out.split()) for out in translator.translate(["5 7 7 3", ""])] == [True, True]
 
 
 def run_cli(*args, stdin=None, cwd=None):
@@ -516,3 +517,13 @@ def test_from_checkpoint_takes_a_run_directory_as_the_command_line_does(tiny_run
     assert by_folder.translate(sources) == Translator.from_checkpoint(*checkpoints_to_average(run_dir, 3)).translate(
         sources
     )
+
+
+def test_from_pretrained_reads_a_shared_model_file_and_only_that():
+    data = Path(__file__).parent / "data"  # a copy run of two updates, its checkpoint and its exported model file
+    shared = Translator.from_pretrained(data / "model-format-1.safetensors", device="cpu")
+    assert shared.translate(["5 7 7 3", "12 11"]) == Translator.from_checkpoint(
+        data / "checkpoint-format-1.pt", device="cpu"
+    ).translate(["5 7 7 3", "12 11"])
+    with pytest.raises(ValueError, match=r"checkpoint-format-1.pt: not a model file \(\*.safetensors\); export one"):
+        Translator.from_pretrained(data / "checkpoint-format-1.pt")

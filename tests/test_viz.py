@@ -1,6 +1,7 @@
 """Attention visualisation (book/09_attention_heads.ipynb): capturing the weights, the charts, and the head statistics."""
 
 import copy
+import json
 import math
 
 import pytest
@@ -219,3 +220,14 @@ def test_capture_reads_a_subword_translators_pieces():
         assert "".join(captured.tgt_tokens[i][:-1]).replace("▁", " ").strip() == target
         rows = captured.pair(i)["cross"].sum(-1)  # each target position spreads its attention over the real pieces
         torch.testing.assert_close(rows, torch.ones_like(rows))
+
+
+def test_a_pairs_chart_leaves_its_padding_out_and_labels_its_tokens(translator):
+    captured = capture_attention(translator, SOURCES, TARGETS)
+    spec = captured.chart(2, "cross").to_dict()  # "Berlin": the shortest pair, padded in the batch
+    rows, cols = captured.labels(2, "cross")
+    assert (len(rows), len(cols)) == (len(captured.tgt_tokens[2]), len(captured.src_tokens[2])) == (2, 2)
+    records = spec["data"]["values"] if "values" in spec.get("data", {}) else next(iter(spec["datasets"].values()))
+    assert max(r["query"] for r in records) == len(rows) - 1 and max(r["key"] for r in records) == len(cols) - 1
+    assert spec["title"] == "Encoder-decoder attention" and (spec["width"], spec["height"]) == (36, 36)
+    assert json.dumps(cols) in spec["encoding"]["x"]["axis"]["labelExpr"]

@@ -31,7 +31,7 @@ from .model import TransformerConfig
 from .model_commands import (add_evaluate, add_export, add_translate, resolve_checkpoints,
                                                   run_evaluate, run_export, run_translate)
 from .recipes import RECIPE_DESCRIPTIONS, RECIPES, Recipe, stored_recipe
-from .runs import RunDirBusy
+from .runs import RunDir, RunDirBusy
 
 # Where runs go when no --out says otherwise: runs/NAME, beside the command's working folder.
 RUNS = Path("runs")
@@ -176,6 +176,8 @@ def _train(args, settings: dict) -> dict:
         raise UsageError(f"--out {str(out)!r} is the folder the settings come from; give the new run another --out")
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {str(out)!r} is a file; give a folder for the run")
+    if not args.resume and RunDir(out).holds_a_run():  # refused before the data is read, which can take minutes
+        raise UsageError(f"--out {str(out)!r} already holds a run: continue it with --resume, or choose another --out")
     if args.resume:  # the run's own settings, not those of the recipe as it is today
         recipe = _resumed_recipe(out, base.name, settings)
     else:

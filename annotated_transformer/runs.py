@@ -153,6 +153,10 @@ class RunDir:
         "This run's checkpoints, oldest first."
         return list_checkpoints(self.path)
 
+    def holds_a_run(self) -> bool:
+        "Whether the folder holds a run already: its metrics or its checkpoints (a start that failed leaves neither)."
+        return self.metrics.exists() or bool(self.checkpoints())
+
     def finished(self, recipe: Recipe) -> dict | None:
         "The summary of this run if it has finished, and `recipe` asks for no more updates; otherwise None."
         summary_path = self.path / "summary.json"
@@ -165,7 +169,7 @@ class RunDir:
     def start(self, recipe: Recipe, device: torch.device, world_size: int, accum_steps: int, resume: bool) -> None:
         """Refuse a folder that holds another run (unless resuming), then write config.json, with the CPU threads
         PyTorch uses (and `OMP_NUM_THREADS` when set), and open the TensorBoard event file if asked for."""
-        if not resume and (self.metrics.exists() or self.checkpoints()):
+        if not resume and self.holds_a_run():
             raise FileExistsError(f"{self.path} already holds a run: resume it, or choose another directory")
         if self.writer:
             self.path.mkdir(parents=True, exist_ok=True)

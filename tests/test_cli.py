@@ -54,3 +54,16 @@ def test_a_failed_start_leaves_no_folder_behind_and_a_run_it_did_not_make_untouc
     (kept / "notes.txt").write_text("mine")
     assert main(["train", "copy", "--out", str(kept), "--quiet"]) == 1
     assert (kept / "notes.txt").read_text() == "mine"  # a folder the user made stays, whatever is in it
+
+
+def test_an_out_that_holds_a_run_is_refused_before_anything_is_read(tmp_path, monkeypatch, capsys):
+    from annotated_transformer import training
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 2}\n')
+    monkeypatch.setattr(training, "train", lambda *a, **k: pytest.fail("train was called"))
+    assert main(["train", "copy", "--out", str(run), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {str(run)!r} already holds a run: continue it with --resume, or choose another --out" in err
+    assert sorted(p.name for p in run.iterdir()) == ["metrics.jsonl"]  # and nothing else written

@@ -190,15 +190,16 @@ def save_chart(chart, path) -> Path:
     """Save an Altair chart (or its Vega-Lite specification, a dict) to `path`: `.html`, a page that draws it offline
     (the Vega libraries inlined); `.png` or `.svg`, a picture. Needs vl-convert: the `viz` extra."""
     path = Path(path)
-    if path.suffix not in _CHART_FORMATS:
+    if path.suffix.lower() not in _CHART_FORMATS:
         raise ValueError(f"{path}: a chart is saved as {', '.join(_CHART_FORMATS)}")
     try:
         import vl_convert
     except ModuleNotFoundError:
         raise ModuleNotFoundError("saving a chart needs vl-convert: pip install 'annotated-transformer[viz]'") from None
     spec = chart if isinstance(chart, dict) else chart.to_dict()
-    options = {".html": {"bundle": True}, ".png": {"scale": 2}}.get(path.suffix, {})
-    drawn = getattr(vl_convert, _CHART_FORMATS[path.suffix])(spec, **options)
+    options = {".html": {"bundle": True}, ".png": {"scale": 2}}.get(path.suffix.lower(), {})
+    drawn = getattr(vl_convert, _CHART_FORMATS[path.suffix.lower()])(spec, **options)
+    path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_file(path) as f:
         f.write(drawn if isinstance(drawn, bytes) else drawn.encode())
     return path

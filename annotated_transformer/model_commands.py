@@ -144,6 +144,9 @@ def run_evaluate(args) -> dict:
 
     paths, run_dir = resolve_checkpoints(args.checkpoint, args.average)
     translator = Translator.from_checkpoint(*paths, device=device_option(args.device))
+    if translator.dataset is None:  # a model of symbols: the copy task's own score is in its run's summary.json
+        raise ValueError(f"{paths[-1]}: a model of no data set with a test split (such as the copy task); evaluate "
+                         "scores translators of Multi30k or WMT14")
     what = "newstest2014" if translator.dataset == "wmt14" else f"Multi30k {args.split}"
     print(f"annotated-transformer: translating {what} with beam {args.beam_size}, alpha {args.alpha}, on "
           f"{translator.device} (minutes on a CPU)", file=sys.stderr, flush=True)  # nothing else shows for a while
@@ -197,6 +200,6 @@ def run_export(args) -> dict:
     paths, _ = resolve_checkpoints(args.checkpoint, args.average, option="export's CHECKPOINT")
     state = average_checkpoints(paths) if len(paths) > 1 else load_checkpoint(paths[0])
     if "vocab" not in state:
-        raise ValueError(f"{paths[-1]}: a checkpoint without a vocabulary (a task of no text) cannot be exported")
+        raise ValueError(f"{paths[-1]}: a checkpoint without a vocabulary cannot be exported: a model file must say what its ids mean")
     out = export_model(state, args.out)
     return {"out": str(out), "bytes": out.stat().st_size, "checkpoints": [str(p) for p in paths], "step": state["step"]}

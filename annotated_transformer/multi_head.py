@@ -93,9 +93,10 @@ class MultiHeadedAttention(nn.Module):
                 raise ValueError(f"mask must have shape (batch, 1, n_k) or (batch, n_q, n_k), got {tuple(mask.shape)}")
             mask = mask.unsqueeze(1)  # (batch, 1, 1 or n_q, n_k): the same mask for every head
         q, k, v = (self.split_heads(t) for t in self.project(query, key, value))  # (batch, h, n_q or n_k, d_k)
-        if self.explicit or _recording.get():
+        recording = not torch.compiler.is_compiling() and _recording.get()  # compiled code never records
+        if self.explicit or recording:
             x, weights = attention(q, k, v, mask, self.dropout)  # (batch, h, n_q, d_v)
-            self.attn = weights.detach() if _recording.get() else None
+            self.attn = weights.detach() if recording else None
         else:
             x = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
                                                dropout_p=self.dropout.p if self.training else 0.0)

@@ -272,6 +272,14 @@ class RunDir:
         return summary
 
 # %% ../book/a2_runs.ipynb #c3d1f58c
+def _columns(stream) -> int:
+    "The width of the terminal that `stream` writes to; where it has none, `COLUMNS` or 80 (`shutil`'s answer)."
+    try:
+        return os.get_terminal_size(stream.fileno()).columns
+    except (AttributeError, ValueError, OSError):  # no file descriptor, or not a terminal
+        return shutil.get_terminal_size().columns
+
+
 class ProgressReport:
     """What a training run shows on stderr while it runs, if `show` (under `torchrun`: process 0 only).
 
@@ -321,7 +329,7 @@ class ProgressReport:
         if self.terminal:
             if self.bar is None:  # as wide as the terminal; the numbers short, so that the bar keeps some room
                 self.bar = tqdm(total=self.steps, initial=step - 1, desc=self.name, unit="update",
-                                ncols=shutil.get_terminal_size().columns,
+                                ncols=_columns(sys.stderr),
                                 bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} "
                                            "[{elapsed}<{remaining}]{postfix}")
             self.training = (f"loss {loss:.3f}", f"{tokens_per_s:,.0f} tok/s", f"lr {lr:.1e}")

@@ -219,6 +219,10 @@ class SymbolCodec:
 
     def __init__(self, vocab: dict):
         self.symbols = sorted(vocab["symbols"])
+        if not self.symbols:
+            raise ValueError("a vocabulary of symbols lists at least one symbol")
+        # the other ids by name: the special ids the vocabulary stores (the copy task's are PAD, BOS and EOS)
+        self.names = {vocab.get(key, i): SPECIALS[i] for i, key in enumerate(("pad", "bos", "eos"))}
 
     def source_ids(self, sentences: list[str]) -> list[list[int]]:
         "The ids that each sentence spells, as numbers separated by spaces; a ValueError names a line that is not."
@@ -240,9 +244,9 @@ class SymbolCodec:
         return " ".join(map(str, ids))
 
     def token_texts(self, source: bool = False) -> list[str]:
-        "The text of each id: the special symbols below the first symbol, by name; each symbol its number."
-        first = self.symbols[0]
-        return [*SPECIALS[:first], *map(str, range(first, self.symbols[-1] + 1))]
+        "The text of each id up to the largest symbol: a symbol its number, a special id its name, any other `<?>`."
+        known = set(self.symbols)
+        return [str(i) if i in known else self.names.get(i, "<?>") for i in range(self.symbols[-1] + 1)]
 
 
 def text_codec(vocab: dict) -> WordCodec | SubwordCodec | SymbolCodec:

@@ -323,7 +323,7 @@ class Translator:
             raise ValueError("from_checkpoint needs at least one checkpoint path")
         paths, _ = checkpoints_to_read(paths)
         state = average_checkpoints(paths) if len(paths) > 1 else load_checkpoint(paths[0])
-        return cls(model_from_state(state, paths[-1], device), state["vocab"], device=device, batch_size=batch_size)
+        return cls(model_from_state(state, paths[-1], device), state.get("vocab", {}), device=device, batch_size=batch_size)
 
     @classmethod
     def from_pretrained(cls, path, **options) -> "Translator":

@@ -57,7 +57,7 @@ class CapturedAttention:
         return attention_chart(self.pair(i)[kind], *self.labels(i, kind), **{"title": KINDS[kind], "name": kind,
                                                                              **options})
 
-
+# %% ../book/09_attention_heads.ipynb #d1867210
 @torch.no_grad()
 def capture_attention(translator: Translator, sources: list[str], targets: list[str] | None = None,
                       beam_size: int = BEAM_SIZE) -> CapturedAttention:

@@ -200,9 +200,10 @@ def test_a_chart_saved_as_html_draws_offline_and_as_pictures(tmp_path):
     assert "vegaEmbed" in page and not re.findall(r"<script[^>]*\bsrc=", page)  # the libraries are inside the page
     assert save_chart(chart.to_dict(), tmp_path / "chart.png").read_bytes().startswith(b"\x89PNG")
     assert save_chart(chart, tmp_path / "chart.svg").read_text().lstrip().startswith("<svg")
+    assert save_chart(chart, tmp_path / "more" / "CHART.SVG").read_text().lstrip().startswith("<svg")  # made for it
     with pytest.raises(ValueError, match=r"chart.pdf: a chart is saved as .html, .png, .svg"):
         save_chart(chart, tmp_path / "chart.pdf")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["chart.html", "chart.png", "chart.svg"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["chart.html", "chart.png", "chart.svg", "more"]
 
 
 def test_saving_a_chart_without_vl_convert_names_the_extra(tmp_path, monkeypatch):

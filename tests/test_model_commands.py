@@ -49,12 +49,17 @@ def test_the_copy_model_translates_from_the_command_line(capsys, monkeypatch):
     import io
     from pathlib import Path
 
+    from annotated_transformer.translation import Translator
+
     checkpoint = Path(__file__).parent / "data" / "checkpoint-format-1.pt"  # a copy run of two updates
     monkeypatch.setattr("sys.stdin", io.StringIO("5 7 7 3\n\n12 11\n"))
     assert main(["translate", "--checkpoint", str(checkpoint), "--device", "cpu"]) == 0
     lines = capsys.readouterr().out.split("\n")
-    assert len(lines) == 4 and lines[1] == "" and lines[3] == ""
+    from_python = Translator.from_checkpoint(checkpoint, device="cpu").translate(["5 7 7 3", "", "12 11"])
+    assert lines == [*from_python, ""] and from_python[1] == ""  # the model's own outputs, empty line for empty line
     assert all(3 <= int(word) <= 12 for line in lines for word in line.split())
     monkeypatch.setattr("sys.stdin", io.StringIO("5 seven\n"))
     assert main(["translate", "--checkpoint", str(checkpoint), "--device", "cpu"]) == 1
     assert "input 1, '5 seven': this model reads its symbols, whole numbers from 3 to 12" in capsys.readouterr().err
+    assert main(["evaluate", "--checkpoint", str(checkpoint), "--device", "cpu"]) == 1
+    assert "a model of no data set with a test split (such as the copy task)" in capsys.readouterr().err

@@ -215,3 +215,12 @@ def test_recording_in_one_thread_leaves_another_on_the_fast_path():
     outside.set()
     thread.join()
     assert mha.attn is not None and other.attn is None
+
+
+def test_the_recording_switch_does_not_break_a_compiled_graph():
+    "torch.compile traces one graph through a layer: the context variable is not read while compiling."
+    import torch._dynamo
+
+    mha = MultiHeadedAttention(2, 8, dropout=0.0).eval()
+    x = torch.randn(1, 3, 8)
+    assert torch._dynamo.explain(mha)(x, x, x).graph_break_count == 0

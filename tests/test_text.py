@@ -98,3 +98,14 @@ def test_the_copy_tasks_vocabulary_reads_and_writes_numbers():
             codec.source_ids([bad])
     with pytest.raises(ValueError, match="this checkpoint has no vocabulary"):
         text_codec({})
+    assert text_codec({"pad": 0, "bos": 1, "eos": 2, "symbols": [5, 6]}).token_texts() == [
+        "<pad>",
+        "<s>",
+        "</s>",
+        "<?>",
+        "<?>",
+        "5",
+        "6",
+    ]  # ids of neither kind: no text of their own
+    with pytest.raises(ValueError, match="at least one symbol"):
+        SymbolCodec({"symbols": []})

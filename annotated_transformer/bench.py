@@ -19,7 +19,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from .data import load_multi30k
 from .distributed import check_device, device_name
-from .measure import PeakMemory, count_flops, spread, summarize, sync, time_updates, typical_batches
+from .measure import (PeakMemory, count_flops, spread, summarize, sync, time_updates,
+                                           typical_batches)
 from .model import EncoderDecoder, TransformerConfig, make_model
 from .multi_head import MultiHeadedAttention
 from .recipes import RECIPES, load_task

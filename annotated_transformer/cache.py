@@ -15,9 +15,9 @@ from pathlib import Path
 from filelock import FileLock
 
 from . import runs
+from .checkpoints import list_checkpoints
 from .data import data_dir, read_json
 from .recipes import Recipe
-from .runs import list_checkpoints
 from .training import train
 
 # Modules that only show, measure or compare runs: a change to them leaves the cached runs as they are.

@@ -6,7 +6,8 @@ shares a trained translator."""
 # %% auto #0
 __all__ = ['CHECKPOINT_FORMAT', 'RESUME_KEYS', 'MODEL_FILE_FORMAT', 'CheckpointError', 'Checkpoint', 'TrainingCheckpoint',
            'TrainingState', 'training_checkpoint', 'model_part', 'weights_digest', 'save_checkpoint', 'load_checkpoint',
-           'model_from_checkpoint', 'model_from_state', 'export_model', 'read_model_file']
+           'model_from_checkpoint', 'model_from_state', 'list_checkpoints', 'checkpoints_to_average',
+           'checkpoints_to_read', 'export_model', 'read_model_file']
 
 # %% ../book/a2_run_checkpoints.ipynb #958ac2e2
 import dataclasses
@@ -14,6 +15,7 @@ import hashlib
 import json
 import pickle
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NotRequired, TypedDict
@@ -24,7 +26,7 @@ from torch import Tensor, nn
 from . import __version__
 from .data import atomic_file
 from .model import EncoderDecoder, TransformerConfig, make_model
-from .recipes import Recipe, Task
+from .recipes import Recipe, Task, stored_recipe
 
 # %% ../book/a2_run_checkpoints.ipynb #fd3e064a
 CHECKPOINT_FORMAT = 1  # the version of the description below, which every file stores and `load_checkpoint` checks
@@ -224,6 +226,45 @@ def model_from_state(state: Checkpoint, path, device="cpu") -> EncoderDecoder:
     model = make_model(state["src_vocab"], state["tgt_vocab"], config)
     model.load_state_dict(stored)
     return model.to(device).eval()
+
+# %% ../book/a2_run_checkpoints.ipynb #f0c9adb0
+def list_checkpoints(run_dir) -> list[Path]:
+    "The checkpoints a run wrote (`checkpoints/step-NNNNNN.pt`), oldest first; other files are not its own."
+    found = (p for p in (Path(run_dir) / "checkpoints").glob("step-*.pt") if re.fullmatch(r"step-\d{6,}\.pt", p.name))
+    return sorted(found, key=lambda p: int(p.stem[5:]))
+
+
+def checkpoints_to_average(run_dir, k: int) -> list[Path]:
+    "The last `k` checkpoints of a run directory (fewer if it has fewer), oldest first: those that §6.1 averages."
+    if k < 1:
+        raise ValueError(f"k must be at least 1, got {k}")
+    found = list_checkpoints(run_dir)
+    if not found:
+        raise FileNotFoundError(f"no checkpoints in {Path(run_dir) / 'checkpoints'}")
+    return found[-k:]
+
+
+def checkpoints_to_read(paths, average: int | None = None, option: str = "average") -> tuple[list[Path], Path | None]:
+    """The checkpoint files that `paths` name, and the run directory they come from (None for loose files). A run
+    directory gives its last `average` checkpoints, by default as many as its recipe averages, fewer with a warning
+    if it holds fewer (the warning names the setting as `option`); files are taken as they are."""
+    paths = [Path(p) for p in paths]
+    if len(paths) == 1 and paths[0].is_dir():
+        run_dir, asked = paths[0], f"{option} {average}"
+        if average is None:
+            config = run_dir / "config.json"
+            average = stored_recipe(config).get("average_checkpoints", 1) if config.exists() else 1
+            asked = f"the run's average_checkpoints={average}"
+        found = checkpoints_to_average(run_dir, average)
+        if len(found) < average:
+            warnings.warn(f"{asked} asks for {average} checkpoints, but {run_dir} holds {len(found)}: "
+                          f"averaging those {len(found)}", stacklevel=2)
+        return found, run_dir
+    if average is not None:
+        raise ValueError(f"{option} needs a run directory")
+    parents = {p.resolve().parent for p in paths}
+    run_dir = next(iter(parents)).parent if len(parents) == 1 else None
+    return paths, run_dir if run_dir is not None and (run_dir / "config.json").exists() else None
 
 # %% ../book/a2_run_checkpoints.ipynb #b2d6f8a0
 MODEL_FILE_FORMAT = "annotated-transformer model 1"  # the header's "format": what `read_model_file` accepts

@@ -176,7 +176,7 @@ def _train(args, settings: dict) -> dict:
         raise UsageError(f"--out {str(out)!r} is the folder the settings come from; give the new run another --out")
     if out.exists() and not out.is_dir():
         raise UsageError(f"--out {str(out)!r} is a file; give a folder for the run")
-    if not args.resume and RunDir(out).holds_a_run():  # refused before the data is read, which can take minutes
+    if not args.resume and RunDir(out).holds_a_run() and not RunDir(out).in_use():  # refused before the data is read
         raise UsageError(f"--out {str(out)!r} already holds a run: continue it with --resume, or choose another --out")
     if args.resume:  # the run's own settings, not those of the recipe as it is today
         recipe = _resumed_recipe(out, base.name, settings)

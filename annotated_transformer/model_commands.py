@@ -55,7 +55,7 @@ def resolve_checkpoints(paths: list[Path], average: int | None,
                          option: str = "--checkpoint") -> tuple[list[Path], Path | None]:
     """The checkpoint files to load, and the run directory they belong to (None when they are loose files): those of
     `checkpoints_to_read`, a run holding fewer checkpoints than asked for giving those it holds, with a warning."""
-    from annotated_transformer.runs import checkpoints_to_read
+    from annotated_transformer.checkpoints import checkpoints_to_read
 
     if average is not None and not (len(paths) == 1 and paths[0].is_dir()):
         raise UsageError(f"--average needs a run directory as {option}")

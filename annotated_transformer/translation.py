@@ -21,13 +21,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .attention import subsequent_mask
-from .checkpoints import Checkpoint, CheckpointError, load_checkpoint, model_from_state, model_part
+from .checkpoints import (Checkpoint, CheckpointError, checkpoints_to_read, load_checkpoint,
+                                               model_from_state, model_part)
 from .data import load_multi30k
 from .distributed import check_device
 from .model import EncoderDecoder
 from .multi_head import MultiHeadedAttention
 from .recipes import Recipe, Task
-from .runs import checkpoints_to_read
 from .text import (BOS, EOS, PAD, Vocab, WordTokenizer, multi30k_subwords, text_codec,
                                         tokenized_multi30k)
 from .training import pad_sequences

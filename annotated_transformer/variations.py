@@ -15,10 +15,11 @@ from pathlib import Path
 
 import torch
 
+from .checkpoints import checkpoints_to_average
 from .data import read_json, write_json
 from .distributed import check_device, device_name
 from .recipes import Recipe, load_task
-from .runs import checkpoints_to_average, commit
+from .runs import commit
 from .training import train, validation_loss
 from .translation import Translator, evaluate_translator
 

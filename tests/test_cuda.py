@@ -8,10 +8,9 @@ import pytest
 import torch
 
 from annotated_transformer import make_model
-from annotated_transformer.checkpoints import load_checkpoint
+from annotated_transformer.checkpoints import list_checkpoints, load_checkpoint
 from annotated_transformer.distributed import launch
 from annotated_transformer.recipes import RECIPES
-from annotated_transformer.runs import list_checkpoints
 from annotated_transformer.training import (
     PAD,
     LabelSmoothing,

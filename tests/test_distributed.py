@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from annotated_transformer.checkpoints import load_checkpoint
+from annotated_transformer.checkpoints import list_checkpoints, load_checkpoint
 from annotated_transformer.distributed import (
     Processes,
     accumulation_steps,
@@ -23,7 +23,6 @@ from annotated_transformer.distributed import (
     torchrun_command,
 )
 from annotated_transformer.recipes import RECIPES, load_task
-from annotated_transformer.runs import list_checkpoints
 from annotated_transformer.training import pair_lengths, token_batches
 
 
@@ -178,7 +177,6 @@ def test_a_two_process_run_killed_and_resumed_makes_the_same_updates(tmp_path):
 _GRADIENTS = """
 import sys, torch, torch.distributed as dist
 from annotated_transformer import make_model
-from annotated_transformer.distributed import Processes, split_for_processes
 from annotated_transformer.training import (LabelSmoothing, accumulate_gradients, batches_of, copy_task, pair_lengths,
                                             token_batches)
 world = int(sys.argv[2]) if len(sys.argv) > 2 else 1

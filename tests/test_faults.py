@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from annotated_transformer.checkpoints import load_checkpoint
+from annotated_transformer.checkpoints import list_checkpoints, load_checkpoint
 from annotated_transformer.cli import main
 from annotated_transformer.recipes import RECIPES
-from annotated_transformer.runs import RunDir, list_checkpoints
+from annotated_transformer.runs import RunDir
 from annotated_transformer.training import train
 
 # The copy recipe at its smallest: a few seconds on a CPU, with three evaluations and three checkpoints.

@@ -12,7 +12,7 @@ from annotated_transformer.cli import main
 def test_an_exported_model_translates_exactly_as_its_run(run, request, tmp_path, capsys):
     "Words or subwords: the file `export` writes gives the translations of the run's averaged checkpoints."
     from annotated_transformer.data import load_multi30k
-    from annotated_transformer.runs import checkpoints_to_average
+    from annotated_transformer.checkpoints import checkpoints_to_average
     from annotated_transformer.translation import Translator
 
     run_dir, _ = request.getfixturevalue(run)

@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from annotated_transformer import text, training
+from annotated_transformer.checkpoints import list_checkpoints
 from annotated_transformer.data import progress_shown, read_json, with_progress
 from annotated_transformer.recipes import RECIPES
-from annotated_transformer.runs import ProgressReport, RunDir, list_checkpoints
+from annotated_transformer.runs import ProgressReport, RunDir
 from annotated_transformer.training import copy_data, train
 
 # The copy recipe at its smallest: a few seconds on a CPU, with three evaluations (8, 16, 24) and three checkpoints.

@@ -18,13 +18,14 @@ from annotated_transformer.charts import plot_metrics
 from annotated_transformer.checkpoints import (
     CheckpointError,
     TrainingState,
+    list_checkpoints,
     load_checkpoint,
     model_from_checkpoint,
     save_checkpoint,
 )
 from annotated_transformer.distributed import rng_state
 from annotated_transformer.recipes import RECIPES, TASKS, Task, load_task, registered
-from annotated_transformer.runs import RunDir, list_checkpoints
+from annotated_transformer.runs import RunDir
 from annotated_transformer.training import (
     BOS,
     EOS,

@@ -510,7 +510,7 @@ def test_decode_batches_keeps_the_input_order_and_skips_empty_sources():
 
 
 def test_from_checkpoint_takes_a_run_directory_as_the_command_line_does(tiny_run):
-    from annotated_transformer.runs import checkpoints_to_average
+    from annotated_transformer.checkpoints import checkpoints_to_average
 
     run_dir, _ = tiny_run
     sources = ["Ein Hund läuft über die Wiese.", "Zwei Männer spielen Fußball."]

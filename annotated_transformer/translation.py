@@ -327,7 +327,7 @@ class Translator:
 
     @classmethod
     def from_pretrained(cls, path, **options) -> "Translator":
-        "A translator from a model file to share, which `export_model` writes (`.safetensors`)."
+        "A translator from a shared model file, which `export_model` writes (`.safetensors`)."
         if Path(path).suffix != ".safetensors":
             raise ValueError(f"{path}: not a model file (*.safetensors); export one, or use from_checkpoint")
         return cls.from_checkpoint(path, **options)

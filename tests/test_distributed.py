@@ -177,6 +177,7 @@ def test_a_two_process_run_killed_and_resumed_makes_the_same_updates(tmp_path):
 _GRADIENTS = """
 import sys, torch, torch.distributed as dist
 from annotated_transformer import make_model
+from annotated_transformer.distributed import Processes, split_for_processes
 from annotated_transformer.training import (LabelSmoothing, accumulate_gradients, batches_of, copy_task, pair_lengths,
                                             token_batches)
 world = int(sys.argv[2]) if len(sys.argv) > 2 else 1

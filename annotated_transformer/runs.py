@@ -24,12 +24,12 @@ from filelock import FileLock, Timeout
 from tqdm import tqdm
 
 from . import __version__
-from .checkpoints import (RESUME_KEYS, CheckpointError, TrainingCheckpoint, TrainingState,
-                                               list_checkpoints, load_checkpoint, save_checkpoint)
+from .checkpoints import (RESUME_KEYS, CheckpointError, DamagedCheckpoint, TrainingCheckpoint,
+                                               TrainingState, list_checkpoints, load_checkpoint, save_checkpoint)
 from .data import atomic_file, progress_shown, read_json, write_json
 from .distributed import device_name, set_rng_state
 from .model import make_model
-from .recipes import Recipe, stored_recipe
+from .recipes import PLAIN_NAME, Recipe, stored_recipe
 
 # %% ../book/a2_runs.ipynb #3475fcdf
 _TEMPORARY = re.compile(r"\..+\.(\d+)\.tmp")  # what `atomic_file` writes in, named after the writing process
@@ -154,11 +154,12 @@ class RunDir:
 
     def _newest_good_checkpoint(self) -> tuple[dict | None, Path | None]:
         """The newest checkpoint that loads, and its path; damaged newer ones are set aside as `*.damaged`, with a
-        warning. (None, None) when there is none."""
+        warning. (None, None) when there is none. A checkpoint that is whole but cannot be used here (another
+        format, or a read that failed for want of memory) stops the resume, the file left as it is."""
         for path in reversed(self.checkpoints()):
             try:
                 return load_checkpoint(path), path
-            except CheckpointError as err:
+            except DamagedCheckpoint as err:
                 if self.writer:
                     path.replace(path.with_name(path.name + ".damaged"))
                 warnings.warn(f"{err}; set aside as {path.name}.damaged, resuming from an older checkpoint",
@@ -363,7 +364,7 @@ def record_result(run_dir, evaluation: dict, results_dir="results") -> Path:
     parts = {"recipe name": (config_path, recipe.get("name") if isinstance(recipe, dict) else None),
              "direction": ("the evaluation", evaluation["direction"]), "split": ("the evaluation", evaluation["split"])}
     for setting, (source, value) in parts.items():  # names read from files make a file name, so they must not be paths
-        if not (isinstance(value, str) and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", value)):
+        if not (isinstance(value, str) and PLAIN_NAME.fullmatch(value)):
             raise ValueError(f"{source}: the {setting} {value!r} is not a plain name (letters, digits, '.', '_', '-' "
                              "and no path), and the results file is named after it; correct it")
     variant = evaluation.get("variant", "")

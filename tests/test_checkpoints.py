@@ -337,3 +337,26 @@ def test_files_written_by_the_first_format_still_load_and_resume():
     model, _ = model_from_checkpoint(DATA / "checkpoint-format-1.pt")
     exported, shared = model_from_checkpoint(DATA / "model-format-1.safetensors")
     assert shared["vocab"] == state["vocab"] and weights_digest(exported) == weights_digest(model)
+
+
+def test_weights_that_are_not_finite_are_refused_before_any_decoding(tmp_path, capsys):
+    "A checkpoint of a diverged run, with a valid digest: translate would run every sentence to its length limit."
+    from annotated_transformer.cli import main
+
+    state = checkpoint_state(small_model())
+    weights = dict(state["model"])
+    weights["generator.proj.weight"] = weights["generator.proj.weight"].clone().fill_(float("nan"))
+    path = save_checkpoint(
+        tmp_path / "diverged.pt", {**state, "model": weights, "vocab": {"symbols": list(range(3, 10))}}
+    )
+    with pytest.raises(CheckpointError, match=r"diverged.pt: its weights are not all finite numbers \(generator"):
+        model_from_checkpoint(path)
+    import io
+    import sys
+
+    sys.stdin, stdin = io.StringIO("5 6 7\n"), sys.stdin
+    try:
+        assert main(["translate", "--checkpoint", str(path), "--device", "cpu"]) == 1
+    finally:
+        sys.stdin = stdin
+    assert "its weights are not all finite numbers" in capsys.readouterr().err

@@ -67,3 +67,21 @@ def test_an_out_that_holds_a_run_is_refused_before_anything_is_read(tmp_path, mo
     err = capsys.readouterr().err
     assert f"--out {str(run)!r} already holds a run: continue it with --resume, or choose another --out" in err
     assert sorted(p.name for p in run.iterdir()) == ["metrics.jsonl"]  # and nothing else written
+
+
+@pytest.mark.parametrize("name", ["../../escaped", "/abs/escaped", "a/b"])
+def test_a_recipe_name_from_a_file_never_makes_a_path(name, tmp_path, monkeypatch, capsys):
+    "A config.json whose recipe is named like a path: refused before anything is made, here or anywhere else."
+    from annotated_transformer.recipes import RECIPES
+
+    work = tmp_path / "work" / "deep"
+    work.mkdir(parents=True)
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"recipe": {**RECIPES["copy"].to_dict(), "name": name}}))
+    monkeypatch.chdir(work)
+    before = sorted(str(p) for p in tmp_path.rglob("*"))
+    assert main(["train", "--config", str(config), "--quiet", "steps=2"]) == 2
+    assert (
+        f"name must be a plain name (letters, digits, '.', '_', '-'; no path), got {name!r}" in capsys.readouterr().err
+    )
+    assert sorted(str(p) for p in tmp_path.rglob("*")) == before

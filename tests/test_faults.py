@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from annotated_transformer.checkpoints import list_checkpoints, load_checkpoint
+from annotated_transformer.checkpoints import CheckpointError, list_checkpoints, load_checkpoint
 from annotated_transformer.cli import main
 from annotated_transformer.recipes import RECIPES
 from annotated_transformer.runs import RunDir
@@ -222,6 +222,34 @@ def test_a_truncated_newest_checkpoint_is_set_aside_and_an_older_one_resumed(tmp
         train(TINY, run, device="cpu", progress=False, resume=True)
     assert (run / "checkpoints" / "step-000020.pt.damaged").exists()  # kept for the user, out of the way
     assert same_weights(weights(run), weights(straight))
+
+
+@pytest.mark.parametrize("fault", ["another format", "out of memory", "a failing disk"])
+def test_an_intact_checkpoint_that_cannot_be_used_stops_the_resume_and_is_left_alone(fault, tmp_path, monkeypatch):
+    "Only damaged files are set aside: a whole checkpoint of another format, or a read that failed, stops the run."
+    run = interrupted(tmp_path)
+    newest = list_checkpoints(run)[-1]
+    if fault == "another format":  # as another version of the package would write it
+        state = torch.load(newest, weights_only=True)
+        torch.save({**state, "format": 2}, newest)
+    else:
+        error = MemoryError("out of memory") if fault == "out of memory" else OSError(5, "Input/output error")
+
+        def failing_load(*args, **kwargs):
+            raise error
+
+        monkeypatch.setattr(torch, "load", failing_load)
+    before = {p.name: p.read_bytes() for p in (run / "checkpoints").iterdir()}
+    log = (run / "metrics.jsonl").read_bytes()
+    message = (
+        "checkpoint format 2, but this version of the package reads format 1"
+        if fault == "another format"
+        else ("could not be read .*; the file is left as it is")
+    )
+    with pytest.raises(CheckpointError, match=rf"step-000020.pt: {message}"):
+        train(TINY, run, device="cpu", progress=False, resume=True)
+    assert {p.name: p.read_bytes() for p in (run / "checkpoints").iterdir()} == before  # nothing renamed or rewritten
+    assert (run / "metrics.jsonl").read_bytes() == log  # and the history kept
 
 
 def test_files_that_are_not_the_runs_own_are_ignored(tmp_path, straight):

@@ -31,3 +31,11 @@ def test_an_unknown_task_names_the_known_ones():
 
     with pytest.raises(ValueError, match=r"unknown task 'kopy'; the tasks are copy, multi30k, wmt14"):
         load_task(RECIPES["copy"].__class__(**{**RECIPES["copy"].__dict__, "task": "kopy"}))
+
+
+@pytest.mark.parametrize("name", ["", "../x", "/x", "x/y", ".hidden", "a b", None])
+def test_a_recipe_name_is_a_plain_name(name):
+    from annotated_transformer.recipes import RECIPES
+
+    with pytest.raises(ValueError, match="name must be a plain name"):
+        Recipe.from_dict({**RECIPES["copy"].to_dict(), "name": name})

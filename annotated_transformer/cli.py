@@ -485,7 +485,8 @@ def main(argv=None) -> int:
         resume = ""
         if args and args.command == "train" and args.recipe:
             out = args.out or RUNS / args.recipe
-            resume = (f"; continue with: annotated-transformer train --out {shlex.quote(str(out))} --resume"
+            given = f" --threads {args.threads}" if getattr(args, "threads", None) else ""  # the same threads again
+            resume = (f"; continue with: annotated-transformer train --out {shlex.quote(str(out))} --resume{given}"
                       if (out / "config.json").exists() else "; nothing was trained yet: run the same command again")
         elif args and args.command == "variations":
             resume = "; run the same command again to continue (scored rows are kept, the stopped one resumes)"

@@ -85,3 +85,16 @@ def test_a_recipe_name_from_a_file_never_makes_a_path(name, tmp_path, monkeypatc
         f"name must be a plain name (letters, digits, '.', '_', '-'; no path), got {name!r}" in capsys.readouterr().err
     )
     assert sorted(str(p) for p in tmp_path.rglob("*")) == before
+
+
+def test_the_command_to_continue_an_interrupted_run_keeps_its_threads(tmp_path, monkeypatch, capsys):
+    from annotated_transformer import training
+
+    def interrupted(recipe, run_dir, **options):
+        (run_dir / "config.json").write_text("{}")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(training, "train", interrupted)
+    out = tmp_path / "run"
+    assert main(["train", "copy", "--out", str(out), "--threads", "1", "--quiet"]) == 130
+    assert capsys.readouterr().err.strip().endswith(f"--out {out} --resume --threads 1")

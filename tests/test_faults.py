@@ -289,3 +289,18 @@ def test_a_run_stopped_before_its_first_checkpoint_starts_again_on_resume(tmp_pa
         train(TINY, run, device="cpu", progress=False, resume=True)
     assert same_weights(weights(run), weights(straight))
     assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [8, 16, 24]
+
+
+def test_a_cpu_run_resumed_with_another_thread_count_is_refused_naming_both(tmp_path):
+    "The thread count changes the order of float sums: resumed with another, a run would not continue exactly."
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        run = interrupted(tmp_path)
+        torch.set_num_threads(2)
+        with pytest.raises(ValueError, match=r"trained with 1 CPU threads, and this process has 2; .*--threads 1"):
+            train(TINY, run, device="cpu", progress=False, resume=True)
+        torch.set_num_threads(1)
+        assert train(TINY, run, device="cpu", progress=False, resume=True)["finished"]
+    finally:
+        torch.set_num_threads(before)

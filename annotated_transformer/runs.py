@@ -201,15 +201,15 @@ class RunDir:
         recipe.check_continues(state["recipe"], path)
         if recipe.steps < state["step"]:
             raise ValueError(f"{path}: the run is at update {state['step']} already, past steps={recipe.steps}")
+        if state.get("world_size", 1) != world_size:
+            raise CheckpointError(f"{path}: written by {state.get('world_size', 1)} process(es); resume with as "
+                                  f"many (now {world_size}), since the share of each depends on their number")
         config = self.path / "config.json"
         threads = read_json(config).get("threads") if config.exists() else None
         if device.type == "cpu" and threads and threads != torch.get_num_threads():
             raise ValueError(f"{config}: the run trained with {threads} CPU threads, and this process has "
                              f"{torch.get_num_threads()}; the thread count changes the order of float sums, so the "
                              f"run would not continue exactly: resume with --threads {threads} (OMP_NUM_THREADS={threads})")
-        if state.get("world_size", 1) != world_size:
-            raise CheckpointError(f"{path}: written by {state.get('world_size', 1)} process(es); resume with as "
-                                  f"many (now {world_size}), since the share of each depends on their number")
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])

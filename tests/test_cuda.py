@@ -66,14 +66,14 @@ def test_torch_compile_trains_on_cuda_as_the_eager_model_does(tmp_path):
     assert abs(compiled - eager) < 0.02 * eager  # the same computation, up to the order of float operations
 
 
-def test_torchrun_starts_an_nccl_process_group_and_trains(tmp_path):
-    "One GPU, one process: NCCL is set up and the run goes through it (exchanging gradients needs two GPUs)."
-    output = launch(
-        1,
+def train_copy_under_torchrun(processes: int, out) -> str:
+    "20 updates of the copy recipe in `processes` processes on GPUs, through NCCL; what the command printed."
+    return launch(
+        processes,
         "train",
         "copy",
         "--out",
-        str(tmp_path / "nccl"),
+        str(out),
         "--device",
         "cuda",
         "--quiet",
@@ -82,6 +82,11 @@ def test_torchrun_starts_an_nccl_process_group_and_trains(tmp_path):
         "checkpoint_every=20",
         timeout=300,
     )
+
+
+def test_torchrun_starts_an_nccl_process_group_and_trains(tmp_path):
+    "One GPU, one process: NCCL is set up and the run goes through it (exchanging gradients needs two GPUs)."
+    output = train_copy_under_torchrun(1, tmp_path / "nccl")
     assert json.loads(output)["finished"]
     assert json.loads((tmp_path / "nccl" / "config.json").read_text())["device"].startswith("cuda")
 
@@ -120,20 +125,7 @@ def test_fused_adam_takes_the_same_steps_as_the_unfused_one():
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
 def test_two_nccl_processes_train_as_one(tmp_path):
     "Two processes on two GPUs exchange gradients through NCCL and end with the same weights in every process."
-    output = launch(
-        2,
-        "train",
-        "copy",
-        "--out",
-        str(tmp_path / "two"),
-        "--device",
-        "cuda",
-        "--quiet",
-        "steps=20",
-        "eval_every=20",
-        "checkpoint_every=20",
-        timeout=300,
-    )
+    output = train_copy_under_torchrun(2, tmp_path / "two")
     assert json.loads(output)["finished"]
     state = load_checkpoint(list_checkpoints(tmp_path / "two")[-1])
     assert state["world_size"] == 2 and len(state["rng"]["processes"]) == 2

@@ -1,6 +1,8 @@
 """Recipes and tasks (`annotated_transformer.recipes`, book/a2_recipes.ipynb): the messages a user gets for a
 recipe that is not what it should be, and the tasks by name."""
 
+import dataclasses
+
 import pytest
 
 from annotated_transformer.recipes import Recipe
@@ -30,7 +32,7 @@ def test_an_unknown_task_names_the_known_ones():
     from annotated_transformer.recipes import RECIPES, load_task
 
     with pytest.raises(ValueError, match=r"unknown task 'kopy'; the tasks are copy, multi30k, wmt14"):
-        load_task(RECIPES["copy"].__class__(**{**RECIPES["copy"].__dict__, "task": "kopy"}))
+        load_task(dataclasses.replace(RECIPES["copy"], task="kopy"))
 
 
 @pytest.mark.parametrize("name", ["", "../x", "/x", "x/y", ".hidden", "a b", None])

@@ -148,7 +148,7 @@ class Processes:
     def random_states(self, rng: dict, step: int) -> tuple[dict, dict]:
         """For a checkpoint: this process's random state `rng`, or with several processes all of theirs, and what
         the checkpoint records of the processes (their number). The processes first compare the digests of their
-        weights (`weights_digest`, the one every checkpoint stores and `load_checkpoint` verifies), which must
+        weights (`weights_digest`, the fingerprint every checkpoint stores), which must
         agree."""
         if self.world == 1:
             return rng, {}

@@ -1,8 +1,9 @@
 """Checkpoints (`annotated_transformer.checkpoints`, book/a2_run_checkpoints.ipynb): the one description of what a
-checkpoint holds, files of earlier versions, the digest of the weights, configurations that do not fit their weights,
+checkpoint holds, files of earlier versions, the digests of a checkpoint and of its weights, configurations that do not fit their weights,
 files that are no checkpoint, and the model file to share."""
 
 import dataclasses
+import json
 import zipfile
 from pathlib import Path
 
@@ -11,7 +12,10 @@ import torch
 
 from annotated_transformer import checkpoints, distributed
 from annotated_transformer.checkpoints import (
+    CHECKPOINT_FORMAT,
     CheckpointError,
+    DamagedCheckpoint,
+    checkpoint_digest,
     load_checkpoint,
     model_from_checkpoint,
     save_checkpoint,
@@ -55,10 +59,67 @@ def test_a_flipped_byte_inside_a_weight_tensor_is_refused(tmp_path):
     assert not torch.equal(
         torch.load(path, weights_only=True)["model"]["encoder.layers.0.feed_forward.w_1.weight"], weight
     )
-    with pytest.raises(
-        CheckpointError, match=r"damaged\.pt: the weights do not match their digest: the file is damaged"
-    ):
+    with pytest.raises(CheckpointError, match=r"damaged\.pt: what it holds does not match its digest: the file is dam"):
         load_checkpoint(path)
+
+
+def small_run_checkpoint(path):
+    "A checkpoint as `train` writes it: model, recipe, optimizer with its moments, schedule, random state."
+    from annotated_transformer.checkpoints import TrainingState, training_checkpoint
+    from annotated_transformer.recipes import RECIPES, load_task
+
+    recipe = RECIPES["copy"].replace(N=1, d_model=16, d_ff=32, h=2)
+    task = load_task(recipe)
+    model = make_model(task.src_vocab, task.tgt_vocab, N=1, d_model=16, d_ff=32, h=2)
+    optimizer = torch.optim.Adam(model.parameters())
+    sum(p.square().sum() for p in model.parameters()).backward()
+    optimizer.step()  # so that Adam has moments
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    state = TrainingState(step=1)
+    rng = {"cpu": torch.get_rng_state(), "cuda": None}
+    return save_checkpoint(path, training_checkpoint(recipe, task, model, optimizer, scheduler, state, rng))
+
+
+def change_adam(state):  # one bit of one of Adam's moments
+    moment = state["optimizer"]["state"][0]["exp_avg"]
+    moment.view(-1).view(torch.int32)[0] ^= 1
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        change_adam,
+        lambda state: state["config"].update(h=1),  # a configuration that lies without changing any shape
+        lambda state: state["recipe"].update(lr=2.0),
+        lambda state: state["scheduler"].update(last_epoch=7),
+        lambda state: state["rng"]["cpu"].__setitem__(0, state["rng"]["cpu"][0] ^ 1),
+        lambda state: state.update(position=3),
+        lambda state: state.pop("sha256"),  # the digest deleted: not a way round it
+        lambda state: state.pop("weights_sha256"),
+    ],
+    ids=["adam", "config", "recipe", "scheduler", "rng", "position", "no digest", "no fingerprint"],
+)
+def test_one_digest_covers_everything_a_resume_relies_on(change, tmp_path):
+    path = small_run_checkpoint(tmp_path / "step-000001.pt")
+    state = load_checkpoint(path)  # intact, it loads
+    assert state["format"] == CHECKPOINT_FORMAT == 2 and state["sha256"] == checkpoint_digest(state)
+    change(state)
+    torch.save(state, path)
+    with pytest.raises(DamagedCheckpoint, match=r"step-000001.pt: (what it holds does not match its digest|"
+                                                 r"incomplete checkpoint, missing sha256)"):
+        load_checkpoint(path)
+
+
+def test_the_checkpoint_digest_tells_types_and_orders_apart():
+    state = {"a": 1, "b": [1.0, "x"], "c": {0: torch.arange(3)}}
+    digest = checkpoint_digest(state)
+    assert checkpoint_digest(dict(reversed(state.items()))) == digest  # keys in a fixed order
+    assert checkpoint_digest({**state, "sha256": "anything"}) == digest  # not itself
+    for other in ({"a": 1.0}, {"a": True}, {"a": "1"}, {"b": ["x", 1.0]}, {"c": {0: torch.arange(3.0)}},
+                  {"c": {"0": torch.arange(3)}}, {"c": {0: torch.arange(3).reshape(1, 3)}}):
+        assert checkpoint_digest({**state, **other}) != digest, other
+    with pytest.raises(TypeError, match="not set"):
+        checkpoint_digest({"a": {1, 2}})
 
 
 def test_the_digest_covers_names_shapes_and_types(tmp_path):
@@ -87,7 +148,7 @@ def test_averaging_checks_each_file(tmp_path):
     state = torch.load(paths[1], weights_only=True)
     state["model"]["generator.proj.bias"][0] += 1.0  # one weight changes after the digest was taken
     torch.save(state, paths[1])
-    with pytest.raises(CheckpointError, match=r"step-2\.pt: the weights do not match their digest"):
+    with pytest.raises(CheckpointError, match=r"step-2\.pt: what it holds does not match its digest"):
         average_checkpoints(paths)
 
 
@@ -283,8 +344,29 @@ def test_a_model_file_whose_header_lies_about_its_tensors_is_refused(change, tmp
         metadata, tensors = f.metadata(), {name: f.get_tensor(name) for name in f.keys()}
     forged = tmp_path / "forged.safetensors"
     save_file(tensors, forged, metadata={**metadata, **change})
+    with pytest.raises(DamagedCheckpoint, match="forged.safetensors: its header does not match its digest"):
+        load_checkpoint(forged)
+    # with the header's digest taken again, as a forger could, the header is still checked against the tensors
+    header = {key: json.loads(value) for key, value in {**metadata, **change}.items()}
+    save_file(tensors, forged, metadata={**metadata, **change, "sha256": json.dumps(checkpoints._header_digest(header))})
     with pytest.raises(CheckpointError, match="forged.safetensors: (a model file whose header does not describe|the)"):
         load_checkpoint(forged)
+
+
+def test_a_model_file_whose_configuration_was_edited_is_refused(tmp_path):
+    "A number of heads that changes no shape: the model would load, and translate otherwise."
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from annotated_transformer.checkpoints import export_model
+
+    path = export_model(small_state(), tmp_path / "model.safetensors")
+    with safe_open(path, framework="pt") as f:
+        metadata, tensors = f.metadata(), {name: f.get_tensor(name) for name in f.keys()}
+    config = json.loads(metadata["config"])
+    save_file(tensors, path, metadata={**metadata, "config": json.dumps({**config, "h": 1})})
+    with pytest.raises(DamagedCheckpoint, match="model.safetensors: its header does not match its digest"):
+        load_checkpoint(path)
 
 
 # One description of a checkpoint, and files of earlier versions

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from annotated_transformer.checkpoints import CheckpointError, list_checkpoints, load_checkpoint
+from annotated_transformer.checkpoints import CHECKPOINT_FORMAT, CheckpointError, list_checkpoints, load_checkpoint
 from annotated_transformer.cli import main
 from annotated_transformer.recipes import RECIPES
 from annotated_transformer.runs import RunDir
@@ -213,12 +213,20 @@ def test_a_damaged_line_inside_the_log_is_an_error_naming_the_file_and_line(tmp_
         train(TINY, run, device="cpu", progress=False, resume=True)
 
 
-def test_a_truncated_newest_checkpoint_is_set_aside_and_an_older_one_resumed(tmp_path, straight):
+@pytest.mark.parametrize("damage", ["cut short", "a bit of Adam's state"])
+def test_a_damaged_newest_checkpoint_is_set_aside_and_an_older_one_resumed(damage, tmp_path, straight):
     run = interrupted(tmp_path)
     newest = list_checkpoints(run)[-1]
     assert newest.name == "step-000020.pt"
-    newest.write_bytes(newest.read_bytes()[:5000])  # cut short, as by a full disk without atomic writes
-    with pytest.warns(RuntimeWarning, match="step-000020.pt: not a readable checkpoint.*set aside"):
+    if damage == "cut short":  # as by a full disk without atomic writes
+        newest.write_bytes(newest.read_bytes()[:5000])
+        reason = "not a readable checkpoint"
+    else:  # a bit flipped where only resuming would notice: the weights are intact
+        state = torch.load(newest, weights_only=True)
+        state["optimizer"]["state"][0]["exp_avg_sq"].view(-1).view(torch.int32)[0] ^= 1
+        torch.save(state, newest)
+        reason = "what it holds does not match its digest"
+    with pytest.warns(RuntimeWarning, match=f"step-000020.pt: {reason}.*set aside"):
         train(TINY, run, device="cpu", progress=False, resume=True)
     assert (run / "checkpoints" / "step-000020.pt.damaged").exists()  # kept for the user, out of the way
     assert same_weights(weights(run), weights(straight))
@@ -231,7 +239,7 @@ def test_an_intact_checkpoint_that_cannot_be_used_stops_the_resume_and_is_left_a
     newest = list_checkpoints(run)[-1]
     if fault == "another format":  # as another version of the package would write it
         state = torch.load(newest, weights_only=True)
-        torch.save({**state, "format": 2}, newest)
+        torch.save({**state, "format": CHECKPOINT_FORMAT + 1}, newest)
     else:
         error = MemoryError("out of memory") if fault == "out of memory" else OSError(5, "Input/output error")
 
@@ -242,7 +250,7 @@ def test_an_intact_checkpoint_that_cannot_be_used_stops_the_resume_and_is_left_a
     before = {p.name: p.read_bytes() for p in (run / "checkpoints").iterdir()}
     log = (run / "metrics.jsonl").read_bytes()
     message = (
-        "checkpoint format 2, but this version of the package reads format 1"
+        "checkpoint format 3, but this version of the package reads formats 1 and 2"
         if fault == "another format"
         else ("could not be read .*; the file is left as it is")
     )

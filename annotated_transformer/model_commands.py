@@ -9,11 +9,13 @@ __all__ = ['decoding_options', 'resolve_checkpoints', 'add_translate', 'input_li
 
 # %% ../book/a4_model_commands.ipynb #5ac9c396
 import argparse
+import contextlib
 import sys
 import warnings
 from pathlib import Path
 
 from .command_arguments import UsageError, device_option, non_negative, positive_int
+from .data import atomic_file
 from .runs import record_result
 
 # %% ../book/a4_model_commands.ipynb #f19d5bdc
@@ -138,41 +140,55 @@ def add_evaluate(commands) -> None:
 
 
 def run_evaluate(args) -> dict:
-    "Run `evaluate`: translate the test set, print the scores and record them with the run; returns them."
-    from annotated_transformer.translation import Translator, evaluate_translator
+    """Run `evaluate`: translate the test set, print the scores and record them with the run; returns them. With the
+    checkpoints of a run, it holds the run's lock throughout (no training writes there meanwhile), and checks that
+    the scores can be recorded before it translates."""
+    from annotated_transformer.checkpoints import load_checkpoint, model_from_state
+    from annotated_transformer.distributed import check_device
+    from annotated_transformer.runs import RunDir, result_path
+    from annotated_transformer.translation import Translator, average_checkpoints, decoding_variant, evaluate_translator
     from annotated_transformer.wmt import evaluate_wmt14
 
     paths, run_dir = resolve_checkpoints(args.checkpoint, args.average)
-    translator = Translator.from_checkpoint(*paths, device=device_option(args.device))
-    if translator.dataset is None:  # a model of symbols: the copy task's own score is in its run's summary.json
-        raise ValueError(f"{paths[-1]}: a model of no data set with a test split (such as the copy task); evaluate "
-                         "scores translators of Multi30k or WMT14")
-    what = "newstest2014" if translator.dataset == "wmt14" else f"Multi30k {args.split}"
-    print(f"annotated-transformer: translating {what} with beam {args.beam_size}, alpha {args.alpha}, on "
-          f"{translator.device} (minutes on a CPU)", file=sys.stderr, flush=True)  # nothing else shows for a while
-    if translator.dataset == "wmt14":  # a WMT14 model: newstest2014, full and filtered
-        evaluation = evaluate_wmt14(translator, args.beam_size, args.alpha, args.extra_len)
-        report = (
-            f"newstest2014, sacreBLEU: {evaluation['bleu_full']} (wmt14/full, 3003 lines), "
-            f"{evaluation['bleu_filtered']} (wmt14, 2737 lines) ({evaluation['bleu_signature']})\n"
-            f"tokenized BLEU with compounds split (the paper's kind; not comparable with sacreBLEU): "
-            f"{evaluation['tokenized_bleu_filtered']}"
-        )
-    else:
-        evaluation = evaluate_translator(translator, args.split, args.beam_size, args.alpha, args.extra_len)
-        report = (
-            f"{evaluation['bleu_detail']} ({evaluation['bleu_signature']})\n"
-            f"chrF {evaluation['chrf']} ({evaluation['chrf_signature']})\n"
-            f"tokenized, lowercased BLEU (older tutorials' number; not comparable): "
-            f"{evaluation['tokenized_lowercase_bleu']}"
-        )
-    evaluation["checkpoints"] = [p.name for p in paths]
-    print(report)
-    if args.hypotheses:
-        args.hypotheses.write_text("".join(h + "\n" for h in evaluation["hypotheses"]), encoding="utf-8")
-    if run_dir is not None:
-        print(f"recorded in {run_dir / 'summary.json'} and {record_result(run_dir, evaluation, args.results)}")
+    with RunDir(run_dir) if run_dir is not None else contextlib.nullcontext():
+        device = check_device(device_option(args.device))
+        state = average_checkpoints(paths) if len(paths) > 1 else load_checkpoint(paths[0])
+        translator = Translator(model_from_state(state, paths[-1], device), state.get("vocab", {}), device=device)
+        if translator.dataset is None:  # a model of symbols: the copy task's own score is in its run's summary.json
+            raise ValueError(f"{paths[-1]}: a model of no data set with a test split (such as the copy task); "
+                             "evaluate scores translators of Multi30k or WMT14")
+        split = "newstest2014" if translator.dataset == "wmt14" else args.split
+        if run_dir is not None:  # whatever would stop the recording stops the command now, not after the work
+            result_path(run_dir, translator.direction, split, decoding_variant(args.beam_size, args.alpha,
+                                                                                args.extra_len), args.results)
+        what = "newstest2014" if translator.dataset == "wmt14" else f"Multi30k {split}"
+        print(f"annotated-transformer: translating {what} with beam {args.beam_size}, alpha {args.alpha}, on "
+              f"{translator.device} (minutes on a CPU)", file=sys.stderr, flush=True)  # nothing else shows for a while
+        if translator.dataset == "wmt14":  # a WMT14 model: newstest2014, full and filtered
+            evaluation = evaluate_wmt14(translator, args.beam_size, args.alpha, args.extra_len)
+            report = (
+                f"newstest2014, sacreBLEU: {evaluation['bleu_full']} (wmt14/full, 3003 lines), "
+                f"{evaluation['bleu_filtered']} (wmt14, 2737 lines) ({evaluation['bleu_signature']})\n"
+                f"tokenized BLEU with compounds split (the paper's kind; not comparable with sacreBLEU): "
+                f"{evaluation['tokenized_bleu_filtered']}"
+            )
+        else:
+            evaluation = evaluate_translator(translator, split, args.beam_size, args.alpha, args.extra_len)
+            report = (
+                f"{evaluation['bleu_detail']} ({evaluation['bleu_signature']})\n"
+                f"chrF {evaluation['chrf']} ({evaluation['chrf_signature']})\n"
+                f"tokenized, lowercased BLEU (older tutorials' number; not comparable): "
+                f"{evaluation['tokenized_lowercase_bleu']}"
+            )
+        evaluation["checkpoints"], evaluation["steps"] = [p.name for p in paths], state["step"]  # what was scored
+        print(report, flush=True)
+        if args.hypotheses:
+            with atomic_file(args.hypotheses) as f:
+                f.write("".join(h + "\n" for h in evaluation["hypotheses"]).encode("utf-8"))
+        if run_dir is not None:
+            print(f"recorded in {run_dir / 'summary.json'} and {record_result(run_dir, evaluation, args.results)}")
     return evaluation
+
 
 # %% ../book/a4_model_commands.ipynb #f6b0d2e4
 def add_export(commands) -> None:

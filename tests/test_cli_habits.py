@@ -168,8 +168,11 @@ def test_the_commands_that_compute_take_threads(command, tmp_path, capsys, monke
 
         monkeypatch.setattr(bench, "run_benchmark", stand_in)
         argv = ["bench", "--no-translation", "--out", str(tmp_path)]
-    else:
+    else:  # translate reads its model through the Translator, evaluate with the checkpoint it records
+        import annotated_transformer.checkpoints as checkpoints
+
         monkeypatch.setattr(Translator, "from_checkpoint", stand_in)
+        monkeypatch.setattr(checkpoints, "load_checkpoint", stand_in)
         argv = [command, "--checkpoint", str(checkpoint)]
     wanted = 1 if torch.get_num_threads() != 1 else 2
     assert main([*argv, "--threads", str(wanted)]) == 1

@@ -119,6 +119,7 @@ def test_resuming_a_finished_run_changes_nothing(tmp_path, straight, capsys):
     # asked for more updates, the finished run trains on from where it ended
     more = train(TINY.replace(steps=32), run, device="cpu", progress=False, resume=True)
     assert more["steps"] == 32 and more["finished"] and more["final"]["step"] == 32
+    assert more["evaluation"] == summary["evaluation"]  # an evaluation recorded before is kept (it names its update)
     assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [8, 16, 24, 32]
 
 

@@ -1,7 +1,11 @@
 """Commands that use a trained model (`annotated_transformer.model_commands`, book/a4_model_commands.ipynb): the
-exported model file against its run, and checkpoints chosen from a run."""
+exported model file against its run, checkpoints chosen from a run, and `evaluate` against what can stop it from
+recording its scores."""
 
 import json
+import os
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -63,3 +67,120 @@ def test_the_copy_model_translates_from_the_command_line(capsys, monkeypatch):
     assert "input 1, '5 seven': this model reads its symbols, whole numbers from 3 to 12" in capsys.readouterr().err
     assert main(["evaluate", "--checkpoint", str(checkpoint), "--device", "cpu"]) == 1
     assert "a model of no data set with a test split (such as the copy task)" in capsys.readouterr().err
+
+
+# `evaluate` under the run's lock, recording what it scored, or refusing before the work
+
+
+@pytest.fixture
+def scored_run(tiny_run, tmp_path, monkeypatch):
+    "A copy of the tiny Multi30k run, and a validation set of 12 sentences to evaluate it on in seconds."
+    from annotated_transformer import translation
+    from annotated_transformer.data import load_multi30k
+
+    run = tmp_path / "run"
+    shutil.copytree(tiny_run[0], run)
+    few = load_multi30k("valid")[:12]
+    monkeypatch.setattr(translation, "load_multi30k", lambda split, direction: few)
+    return run
+
+
+def evaluate(checkpoint, results, *options):
+    return main(["evaluate", "--checkpoint", str(checkpoint), "--split", "valid", "--results", str(results), *options])
+
+
+def files(*folders):
+    return {p: p.read_bytes() for folder in folders for p in Path(folder).rglob("*") if p.is_file()}
+
+
+def test_a_model_from_the_middle_of_a_run_is_recorded_as_such(scored_run, tmp_path, capsys):
+    "The results file says which update it scored, with the loss curve and the training time up to that update."
+    assert evaluate(scored_run / "checkpoints" / "step-000020.pt", tmp_path / "results") == 0
+    result = json.loads((tmp_path / "results" / "multi30k-cpu-de-en-valid.json").read_text())
+    logged = [json.loads(line) for line in (scored_run / "metrics.jsonl").read_text().splitlines()]
+    assert result["steps"] == 20 and result["checkpoints"] == ["step-000020.pt"]
+    assert result["metrics"] == logged[:1] and result["training_wall_time_s"] == logged[0]["elapsed_s"]
+    summary = json.loads((scored_run / "summary.json").read_text())
+    assert summary["steps"] == 40 and summary["evaluation"]["valid"]["steps"] == 20
+    assert evaluate(scored_run, tmp_path / "results") == 0  # the run's last three checkpoints: the whole run
+    result = json.loads((tmp_path / "results" / "multi30k-cpu-de-en-valid.json").read_text())
+    assert result["steps"] == 40 and result["metrics"] == logged and result["training_wall_time_s"] == summary["wall_time_s"]
+
+
+def test_evaluate_and_train_never_share_a_run(scored_run, tmp_path, capsys, monkeypatch):
+    from annotated_transformer import translation
+    from annotated_transformer.recipes import Recipe, stored_recipe
+    from annotated_transformer.runs import RunDir, RunDirBusy
+    from annotated_transformer.training import train
+
+    before = files(scored_run)
+    with RunDir(scored_run):  # a training holds the run: evaluate is refused before it translates anything
+        assert evaluate(scored_run, tmp_path / "results") == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{scored_run} is in use: another process is training into it or evaluating" in err
+    assert files(scored_run) == before and not (tmp_path / "results").exists()
+    # an evaluation holds the run: a training that would write summary.json meanwhile is refused
+    recipe = Recipe.from_dict(stored_recipe(scored_run / "config.json")).replace(steps=50)
+    refused = []
+    translate = translation.Translator.translate
+
+    def translate_while_a_training_tries(self, *args, **kwargs):
+        with pytest.raises(RunDirBusy, match="is in use"):
+            train(recipe, scored_run, device="cpu", progress=False, resume=True)
+        refused.append(True)
+        return translate(self, *args, **kwargs)
+
+    monkeypatch.setattr(translation.Translator, "translate", translate_while_a_training_tries)
+    assert evaluate(scored_run, tmp_path / "results") == 0 and refused
+    assert "valid" in json.loads((scored_run / "summary.json").read_text())["evaluation"]
+
+
+def test_a_torn_last_metrics_line_does_not_stop_the_recording(scored_run, tmp_path, capsys):
+    with open(scored_run / "metrics.jsonl", "a") as f:
+        f.write('{"step": 50, "train_lo')  # as a training killed mid-line leaves it; --resume drops it too
+    assert evaluate(scored_run, tmp_path / "results") == 0
+    result = json.loads((tmp_path / "results" / "multi30k-cpu-de-en-valid.json").read_text())
+    assert [m["step"] for m in result["metrics"]] == [20, 40]
+    assert "metrics.jsonl: its last line was cut short" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("fault", ["read-only run", "read-only results", "results link loop", "results is a file"])
+def test_what_would_stop_the_recording_stops_evaluate_before_it_translates(fault, scored_run, tmp_path, capsys,
+                                                                            monkeypatch):
+    results = tmp_path / "results"
+    if fault.startswith("read-only"):  # as for a user without the right (root may write anywhere, so it is feigned)
+        folder = scored_run if fault == "read-only run" else results
+        access = os.access
+        monkeypatch.setattr(os, "access", lambda path, mode: Path(path) != folder and access(path, mode))
+        results.mkdir()
+    elif fault == "results link loop":
+        results.symlink_to(results)
+    else:
+        results.write_text("not a folder")
+    before = files(scored_run)
+    assert evaluate(scored_run, results) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "translating" not in err and "BLEU" not in err
+    named = scored_run if fault == "read-only run" else results
+    assert f"error: {named}: " in err
+    assert files(scored_run) == before and not list(tmp_path.glob("results/*.json"))
+
+
+def test_a_failure_to_write_the_summary_leaves_the_results_file_as_it_was(scored_run, tmp_path, monkeypatch, capsys):
+    "The two records stay in step: the results file written first is put back when summary.json cannot be written."
+    from annotated_transformer import runs
+
+    results = tmp_path / "results"
+    assert evaluate(scored_run, results) == 0
+    before = files(scored_run, results)
+    write_json = runs.write_json
+
+    def full_disk_at_the_summary(path, data):
+        if Path(path).name == "summary.json":
+            raise OSError(28, "No space left on device")
+        write_json(path, data)
+
+    monkeypatch.setattr(runs, "write_json", full_disk_at_the_summary)
+    assert evaluate(scored_run, results, "--beam-size", "4") == 1
+    assert "No space left on device" in capsys.readouterr().err
+    assert files(scored_run, results) == before

@@ -56,9 +56,11 @@ def test_a_results_file_name_from_a_file_is_never_a_path(tmp_path):
 
 @pytest.mark.parametrize("damaged", ["config.json", "summary.json", "metrics.jsonl"])
 def test_a_damaged_run_file_is_named(tmp_path, damaged):
+    "Cut short; for the log, a line before its last (a torn last line is what a crash leaves, and is dropped)."
     run_dir = run_folder(tmp_path)
-    (run_dir / damaged).write_bytes(b'{"recipe": {"na')  # cut short
-    with pytest.raises(ValueError, match=rf"run/{damaged}: damaged, not valid JSON"):
+    (run_dir / damaged).write_bytes(b'{"recipe": {"na' + (b'\n{"step": 1}\n' if damaged == "metrics.jsonl" else b""))
+    reason = "line 1: not valid JSON; the file is damaged" if damaged == "metrics.jsonl" else "damaged, not valid JSON"
+    with pytest.raises(ValueError, match=rf"run/{damaged}(: |, ){reason}"):
         record_result(run_dir, evaluation(), tmp_path / "results")
 
 

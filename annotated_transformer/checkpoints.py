@@ -29,6 +29,7 @@ from . import __version__
 from .data import atomic_file
 from .model import EncoderDecoder, TransformerConfig, make_model
 from .recipes import Recipe, Task, stored_recipe
+from .text import vocab_problem
 
 # %% ../book/a2_run_checkpoints.ipynb #fd3e064a
 CHECKPOINT_FORMAT = 2  # the version of the description below, which every file stores and `load_checkpoint` checks
@@ -187,7 +188,15 @@ def save_checkpoint(path, state: Checkpoint) -> Path:
     state = {**{key: value for key, value in state.items() if key != "sha256"}, "format": CHECKPOINT_FORMAT,
              "package_version": __version__, "weights_sha256": weights_digest(state["model"])}
     with atomic_file(path) as f:
-        torch.save({**state, "sha256": checkpoint_digest(state)}, f)
+        try:
+            torch.save({**state, "sha256": checkpoint_digest(state)}, f)
+        except RuntimeError as err:  # PyTorch's zip writer reports a failed write in its own words: give the reason
+            if isinstance(err.__context__, KeyboardInterrupt):  # Ctrl-C or SIGTERM during the write: a stop, no error
+                raise err.__context__ from None
+            if isinstance(err.__context__, OSError):
+                raise OSError(err.__context__.errno, f"{path}: not written ({err.__context__.strerror}); "
+                              "nothing was left half-written") from None
+            raise
     return path
 
 
@@ -236,6 +245,8 @@ def _checked(path: Path, state) -> Checkpoint:
     required = Checkpoint.__required_keys__ | ({"sha256"} if state["format"] >= 2 else set())
     if missing := required - set(state):
         raise DamagedCheckpoint(f"{path}: incomplete checkpoint, missing {', '.join(sorted(missing))}")
+    if not all(isinstance(state[k], int) and not isinstance(state[k], bool) and state[k] > 0 for k in ("src_vocab", "tgt_vocab")):
+        raise CheckpointError(f"{path}: its vocabulary sizes are not positive whole numbers")
     weights = state["model"]
     if not isinstance(weights, dict) or not all(isinstance(k, str) and isinstance(t, torch.Tensor)
                                                 for k, t in weights.items()):
@@ -284,10 +295,16 @@ def model_from_state(state: Checkpoint, path, device="cpu") -> EncoderDecoder:
             shape = [f"of shape {tuple(w[name].shape)}" if name in w else "absent" for w in (stored, needed)]
             raise CheckpointError(f"{path}: the weights do not fit the stored configuration: {name} is {shape[0]} "
                                   f"in the file but {shape[1]} in a model of that configuration")
+        # loading casts: refused where the cast would lose a part of each value (complex) or make numbers of others
+        if stored[name].dtype.is_complex or stored[name].is_floating_point() != needed[name].is_floating_point():
+            raise CheckpointError(f"{path}: {name} holds values of type {stored[name].dtype}, and the model's are "
+                                  f"{needed[name].dtype}; the file was not written for this model")
     if config.positional == "sinusoidal" and config.max_len * config.d_model > _MAX_POSITION_TABLE:
         raise CheckpointError(f"{path}: the stored configuration asks for {config.max_len:,} positions, a sinusoid "
                               f"table of {config.max_len * config.d_model:,} values that no stored weight accounts "
                               "for; refused")
+    if "vocab" in state and (problem := vocab_problem(state["vocab"], state["src_vocab"], state["tgt_vocab"])):
+        raise CheckpointError(f"{path}: its vocabulary {problem}; the model's ids would mean nothing")
     if bad := next((n for n, t in stored.items() if t.is_floating_point() and not torch.isfinite(t).all()), None):
         raise CheckpointError(f"{path}: its weights are not all finite numbers ({bad} holds NaN or infinity): the "
                               "run diverged before it was saved; use an earlier checkpoint of the run")

@@ -417,6 +417,9 @@ class _Terminated(KeyboardInterrupt):
 
 
 def _on_sigterm(signum, frame):
+    # One stop is enough: a second SIGTERM (a supervisor that sends two) must not break the first one's clean stop,
+    # which may be in the middle of leaving a file whole.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     raise _Terminated
 
 

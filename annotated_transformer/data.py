@@ -199,6 +199,10 @@ def atomic_file(path):
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as err:  # a full disk or a read-only folder: say which file could not be written
+        if err.filename is None:
+            err.filename = str(path)
+        raise
     finally:
         tmp.unlink(missing_ok=True)
 

@@ -113,8 +113,9 @@ class Recipe:
         if self.tokens_per_update is not None and self.accum_steps != 1:  # one would silently override the other
             raise ValueError(f"accum_steps ({self.accum_steps}) and tokens_per_update ({self.tokens_per_update}) both set "
                              "the batches per update; keep one: tokens_per_update=None to choose accum_steps yourself")
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool):
-            raise ValueError(f"seed must be an integer, got {self.seed!r}")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed < 2**63:
+            raise ValueError(f"seed must be a whole number from 0 to 2**63 - 1 (what PyTorch's generators take), "
+                             f"got {self.seed!r}")
         if self.data is not None and not isinstance(self.data, str):
             raise ValueError(f"data must be a folder's path or None, got {self.data!r}")
         if self.average_checkpoints > self.keep_checkpoints:

@@ -79,12 +79,16 @@ class RunDir:
         # TensorBoard's writer class, imported at once so that a missing package stops the run before it starts
         self._tensorboard = _tensorboard_writer() if tensorboard and writer else None
         self._events, self._resumed_at = None, None  # the open event file; the update a resumed run continues from
+        self._made: list[Path] = []  # the lock file and folders that entering made
 
     def __enter__(self) -> "RunDir":
         if not self.writer:
             return self
         if self.path.exists() and not self.path.is_dir():
             raise NotADirectoryError(f"{self.path} is a file, not a run directory; choose another directory")
+        # what this run makes (its lock, folders innermost first): a start that fails before writing anything
+        # removes them again, leaving no folder that holds only `.lock`
+        self._made = [p for p in (self.path / ".lock", self.path, *self.path.parents) if not p.exists()]
         try:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as err:
@@ -109,6 +113,12 @@ class RunDir:
     def __exit__(self, *exc) -> None:
         if self._events is not None:
             self._events.close()
+        lock = self.path / ".lock"
+        if self._lock.is_locked and lock in self._made and [p.name for p in self.path.iterdir()] == [".lock"]:
+            lock.unlink()  # a start that failed before writing anything
+            for folder in self._made[1:]:
+                with contextlib.suppress(OSError):  # not empty after all: another process wrote there
+                    folder.rmdir()
         if self._lock.is_locked:
             self._lock.release()
 

@@ -5,7 +5,8 @@ with spaCy and a vocabulary per language, subwords with SentencePiece, and one i
 
 # %% auto #0
 __all__ = ['PAD', 'BOS', 'EOS', 'UNK', 'SPECIALS', 'WordTokenizer', 'Vocab', 'tokenized_multi30k', 'Subwords',
-           'multi30k_subwords', 'WordCodec', 'SubwordCodec', 'SymbolCodec', 'text_codec', 'repeats_a_word']
+           'multi30k_subwords', 'WordCodec', 'SubwordCodec', 'SymbolCodec', 'vocab_problem', 'text_codec',
+           'repeats_a_word']
 
 # %% ../book/a6_text.ipynb #ac05d26b
 import contextlib
@@ -247,6 +248,48 @@ class SymbolCodec:
         "The text of each id up to the largest symbol: a symbol its number, a special id its name, any other `<?>`."
         known = set(self.symbols)
         return [str(i) if i in known else self.names.get(i, "<?>") for i in range(self.symbols[-1] + 1)]
+
+
+def vocab_problem(vocab, src_vocab: int, tgt_vocab: int) -> str | None:
+    """What is wrong with `vocab`, a checkpoint's stored vocabulary, for a model of `src_vocab` and `tgt_vocab` ids;
+    None when nothing is. Checked when a checkpoint is read, so that a bad one is refused naming its file, not met
+    as a `KeyError` or an index out of range in the middle of a translation."""
+    if not isinstance(vocab, dict):
+        return f"is a {type(vocab).__name__}, not a mapping"
+    direction = vocab.get("direction", "-")
+    if not (isinstance(direction, str) and (direction == "-" or re.fullmatch(r"[a-z]{2,3}-[a-z]{2,3}", direction))):
+        return f"has the direction {direction!r}, not two language codes joined by '-' (such as de-en)"
+    if not isinstance(vocab.get("dataset"), (str, type(None))):
+        return f"names the data set {vocab['dataset']!r}, not a name"
+    kind = vocab.get("kind", "symbols" if "symbols" in vocab else None)
+    if kind == "words":
+        for side, size in (("src", src_vocab), ("tgt", tgt_vocab)):
+            words = vocab.get(side)
+            if not (isinstance(words, list) and all(isinstance(w, str) for w in words)):
+                return f"of words has no list of words for {side!r}"
+            if len(words) != size:
+                return f"has {len(words)} words for {side!r}, but the model has {size} ids"
+            try:
+                Vocab(words)
+            except ValueError as err:  # its specials, or a word twice
+                return f"of words for {side!r} is not one: {err}"
+    elif kind == "sentencepiece":
+        if not isinstance(vocab.get("model"), bytes):
+            return "of subwords holds no SentencePiece model"
+        try:
+            pieces = len(Subwords(vocab["model"]).processor)
+        except (RuntimeError, OSError, ValueError) as err:
+            return f"holds a SentencePiece model that does not load ({' '.join(str(err).split())})"
+        if not pieces == src_vocab == tgt_vocab:
+            return f"has {pieces} subwords, but the model has {src_vocab} source and {tgt_vocab} target ids"
+    elif kind == "symbols":
+        symbols = vocab.get("symbols")
+        if not (isinstance(symbols, list) and symbols and all(isinstance(s, int) and not isinstance(s, bool)
+                                                              and 0 <= s < min(src_vocab, tgt_vocab) for s in symbols)):
+            return f"of symbols lists no symbols, or symbols that are not ids of the model (0 to {min(src_vocab, tgt_vocab) - 1})"
+    elif kind is not None:
+        return f"is of the kind {kind!r}, which this version of the package does not read (a newer one may)"
+    return None
 
 
 def text_codec(vocab: dict) -> WordCodec | SubwordCodec | SymbolCodec:

@@ -3,6 +3,7 @@ checkpoint holds, files of earlier versions, the digests of a checkpoint and of 
 files that are no checkpoint, and the model file to share."""
 
 import dataclasses
+import re
 import json
 import zipfile
 from pathlib import Path
@@ -442,3 +443,78 @@ def test_weights_that_are_not_finite_are_refused_before_any_decoding(tmp_path, c
     finally:
         sys.stdin = stdin
     assert "its weights are not all finite numbers" in capsys.readouterr().err
+
+
+# What stops a write, told as it is
+
+
+class StoppedWriter:
+    "A file that takes `room` bytes, then fails its write as `failure` says: a full disk, or a signal meanwhile."
+
+    def __init__(self, room, failure):
+        self.written, self.room, self.failure = 0, room, failure
+
+    def write(self, data):
+        if self.written + len(data) > self.room:
+            raise self.failure
+        self.written += len(data)
+        return len(data)
+
+    def flush(self):
+        pass
+
+
+@pytest.mark.parametrize(
+    "failure, expected",
+    [(OSError(28, "No space left on device"), OSError), (KeyboardInterrupt(), KeyboardInterrupt)],
+    ids=["full disk", "SIGTERM"],
+)
+def test_a_write_that_fails_inside_torch_save_says_why(failure, expected, tmp_path, monkeypatch):
+    "PyTorch's zip writer turns any failure of a write into '[enforce fail at inline_container.cc]'."
+    import contextlib
+
+    @contextlib.contextmanager
+    def stopped_file(path):
+        yield StoppedWriter(5000, failure)
+
+    monkeypatch.setattr(checkpoints, "atomic_file", stopped_file)
+    with pytest.raises(expected) as raised:
+        save_checkpoint(tmp_path / "step-000001.pt", checkpoint_state(small_model()))
+    assert "enforce fail" not in str(raised.value)
+    if expected is OSError:
+        assert str(raised.value).endswith("step-000001.pt: not written (No space left on device); nothing was left "
+                                          "half-written")
+
+
+def test_weights_of_another_kind_of_number_are_refused_not_cast(tmp_path):
+    "Loading would cast complex weights to real ones silently, dropping their imaginary parts."
+    state = checkpoint_state(small_model())
+    weights = dict(state["model"])
+    weights["generator.proj.weight"] = weights["generator.proj.weight"].to(torch.complex64)
+    path = save_checkpoint(tmp_path / "complex.pt", {**state, "model": weights})
+    with pytest.raises(CheckpointError, match=r"complex.pt: generator.proj.weight holds values of type torch.complex64"):
+        model_from_checkpoint(path)
+
+
+WORDS = ["<pad>", "<s>", "</s>", "<unk>", "ein", "Hund", "eine", "Katze", ".", "!"]  # the 10 ids of `small_model`
+
+
+@pytest.mark.parametrize(
+    "vocab, problem",
+    [
+        ({"symbols": [3, 4], "direction": "de"}, "has the direction 'de', not two language codes"),
+        ({"symbols": [3, 4], "direction": "../x-y"}, "has the direction"),
+        ({"kind": "sentencepiece"}, "of subwords holds no SentencePiece model"),
+        ({"kind": "sentencepiece", "model": b"not a model"}, "holds a SentencePiece model that does not load"),
+        ({"kind": "words", "direction": "de-en", "src": WORDS, "tgt": WORDS[:4]}, "has 4 words for 'tgt', but the"),
+        ({"kind": "words", "direction": "de-en", "src": ["a"] * 10, "tgt": ["a"] * 10}, "of words for 'src' is not one"),
+        ({"kind": "symbols", "symbols": [3, 99]}, "of symbols lists no symbols, or symbols that are not ids"),
+        ({"kind": "runes"}, "is of the kind 'runes', which this version"),
+        ([1, 2], "is a list, not a mapping"),
+    ],
+)
+def test_a_vocabulary_that_cannot_be_read_is_refused_naming_the_file(vocab, problem, tmp_path):
+    path = save_checkpoint(tmp_path / "odd-vocab.pt", {**checkpoint_state(small_model()), "vocab": vocab})
+    load_checkpoint(path)  # what a resume needs reads; a model to translate with is refused
+    with pytest.raises(CheckpointError, match=rf"odd-vocab.pt: its vocabulary {re.escape(problem)}"):
+        model_from_checkpoint(path)

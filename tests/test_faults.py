@@ -162,6 +162,20 @@ def test_a_second_training_into_a_busy_folder_is_refused_and_sigterm_stops_like_
         pass
 
 
+@pytest.mark.parametrize("where", ["training", "checkpoint"])
+def test_two_sigterms_half_a_millisecond_apart_stop_the_run_once(where, tmp_path):
+    "As a supervisor may send them: the second must not break the clean stop that the first began."
+    run = tmp_path / "run"
+    process, _ = start_trainer(tmp_path, where, run, *WORDS, "steps=100000")
+    process.send_signal(signal.SIGTERM)
+    time.sleep(0.0005)
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 143 and "Traceback" not in err, err
+    assert err.strip().splitlines()[-1].startswith("annotated-transformer: stopped by SIGTERM")
+    assert temporaries(run) == []
+
+
 def test_sigterm_during_a_checkpoint_write_leaves_no_temporary_file(tmp_path):
     run = tmp_path / "run"
     process, _ = start_trainer(tmp_path, "checkpoint", run, *WORDS)

@@ -184,3 +184,60 @@ def test_a_failure_to_write_the_summary_leaves_the_results_file_as_it_was(scored
     assert evaluate(scored_run, results, "--beam-size", "4") == 1
     assert "No space left on device" in capsys.readouterr().err
     assert files(scored_run, results) == before
+
+
+# `translate` streams, and writes text, never terminal commands
+
+COPY_CHECKPOINT = Path(__file__).parent / "data" / "checkpoint-format-1.pt"  # a copy run of two updates
+
+
+def test_translate_writes_each_batch_before_it_reads_the_next():
+    "Memory stays that of a batch: the first 64 translations come out while the input is still open."
+    import subprocess
+    import sys
+    import threading
+
+    process = subprocess.Popen(
+        [sys.executable, "-m", "annotated_transformer", "translate", "--checkpoint", str(COPY_CHECKPOINT)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    try:
+        process.stdin.write(b"5 7 7 3\n" * 64)  # one batch, and the input stays open
+        process.stdin.flush()
+        got = []
+        reader = threading.Thread(target=lambda: got.extend(process.stdout.readline() for _ in range(64)), daemon=True)
+        reader.start()
+        reader.join(timeout=240)  # generous: a loaded machine
+        assert len(got) == 64 and process.poll() is None  # out before the input ended
+        rest, err = process.communicate(b"5 6\n", timeout=240)
+    finally:
+        process.kill()
+    assert process.returncode == 0, err
+    assert len(set(got)) == 1 and rest.count(b"\n") == 1  # one line out for each line in
+
+
+def test_a_vocabulary_with_terminal_commands_never_reaches_the_terminal(tmp_path, monkeypatch, capsys):
+    "A word of a checkpoint's vocabulary holding ESC [ ... m (a colour) or a bell is written as U+FFFD, not obeyed."
+    import io
+
+    import torch
+
+    from annotated_transformer.checkpoints import save_checkpoint
+    from annotated_transformer.model import make_model
+    from annotated_transformer.model_commands import output_line
+
+    assert output_line("rot\x1b[31m und\x07 \x9b2J\tgut\nso") == "rot\ufffd[31m und\ufffd \ufffd2J\tgut so\n"
+    words = ["<pad>", "<s>", "</s>", "<unk>", "\x1b]0;owned\x07", "\x1b[2J"]
+    model = make_model(len(words), len(words), N=1, d_model=16, d_ff=32, h=2)
+    with torch.no_grad():  # the model writes the hostile words first, then ends
+        model.generator.proj.bias.copy_(torch.tensor([-1e4, -1e4, 0.0, -1e4, 5.0, 4.0]))
+        model.generator.proj.weight.zero_()
+    vocab = {"kind": "words", "dataset": "multi30k", "direction": "de-en", "src": words, "tgt": words}
+    state = {"config": model.config.__dict__, "src_vocab": 6, "tgt_vocab": 6, "step": 1, "model": model.state_dict(),
+             "vocab": vocab}
+    path = save_checkpoint(tmp_path / "hostile.pt", state)
+    monkeypatch.setattr("sys.stdin", io.StringIO("Hallo\n"))
+    assert main(["translate", "--checkpoint", str(path), "--device", "cpu", "--beam-size", "1", "--extra-len", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out and "\ufffd" in out and out.count("\n") == 1

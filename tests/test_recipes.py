@@ -41,3 +41,16 @@ def test_a_recipe_name_is_a_plain_name(name):
 
     with pytest.raises(ValueError, match="name must be a plain name"):
         Recipe.from_dict({**RECIPES["copy"].to_dict(), "name": name})
+
+
+@pytest.mark.parametrize("seed", [10**23, 2**63, -1])
+def test_a_seed_that_no_generator_takes_is_a_settings_mistake(seed, tmp_path, capsys):
+    "Refused with the other settings (exit 2), not as an overflow once training has begun."
+    from annotated_transformer.cli import main
+    from annotated_transformer.recipes import RECIPES
+
+    with pytest.raises(ValueError, match=r"seed must be a whole number from 0 to 2\*\*63 - 1"):
+        RECIPES["copy"].replace(seed=seed)
+    assert main(["train", "copy", f"seed={seed}", "--out", str(tmp_path / "run")]) == 2
+    assert "seed must be a whole number" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []

@@ -107,3 +107,27 @@ def test_commit_is_recorded_only_from_this_projects_checkout(tmp_path):
     subprocess.run([*git, "commit", "-qm", "the project"], check=True)
     head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
     assert commit_seen_from(ours) == head  # the project's checkout (the package's copy is not tracked: not dirty)
+
+
+# A start that fails
+
+
+def test_a_start_that_fails_before_writing_anything_leaves_no_folder(tmp_path, monkeypatch):
+    "Not a folder holding only `.lock`: the folders the run made go again; one that was there stays."
+    from annotated_transformer import training
+    from annotated_transformer.runs import RunDir
+
+    def no_data(recipe):
+        raise RuntimeError("the data could not be read")
+
+    monkeypatch.setattr(training, "load_task", no_data)
+    with pytest.raises(RuntimeError, match="the data could not be read"):
+        training.train(RECIPES["copy"], tmp_path / "runs" / "copy", device="cpu", progress=False)
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "mine").mkdir()
+    with pytest.raises(RuntimeError), RunDir(tmp_path / "mine"):
+        raise RuntimeError("a start that failed")
+    assert list(tmp_path.iterdir()) == [tmp_path / "mine"] and list((tmp_path / "mine").iterdir()) == []
+    with RunDir(tmp_path / "new") as run:  # a run that wrote something keeps its folder
+        (run.path / "config.json").write_text("{}")
+    assert sorted(p.name for p in (tmp_path / "new").iterdir()) == [".lock", "config.json"]

@@ -106,8 +106,11 @@ def test_one_digest_covers_everything_a_resume_relies_on(change, tmp_path):
     assert state["format"] == CHECKPOINT_FORMAT == 2 and state["sha256"] == checkpoint_digest(state)
     change(state)
     torch.save(state, path)
-    with pytest.raises(DamagedCheckpoint, match=r"step-000001.pt: (what it holds does not match its digest|"
-                                                 r"incomplete checkpoint, missing sha256)"):
+    with pytest.raises(
+        DamagedCheckpoint,
+        match=r"step-000001.pt: (what it holds does not match its digest|"
+        r"incomplete checkpoint, missing sha256)",
+    ):
         load_checkpoint(path)
 
 
@@ -116,8 +119,15 @@ def test_the_checkpoint_digest_tells_types_and_orders_apart():
     digest = checkpoint_digest(state)
     assert checkpoint_digest(dict(reversed(state.items()))) == digest  # keys in a fixed order
     assert checkpoint_digest({**state, "sha256": "anything"}) == digest  # not itself
-    for other in ({"a": 1.0}, {"a": True}, {"a": "1"}, {"b": ["x", 1.0]}, {"c": {0: torch.arange(3.0)}},
-                  {"c": {"0": torch.arange(3)}}, {"c": {0: torch.arange(3).reshape(1, 3)}}):
+    for other in (
+        {"a": 1.0},
+        {"a": True},
+        {"a": "1"},
+        {"b": ["x", 1.0]},
+        {"c": {0: torch.arange(3.0)}},
+        {"c": {"0": torch.arange(3)}},
+        {"c": {0: torch.arange(3).reshape(1, 3)}},
+    ):
         assert checkpoint_digest({**state, **other}) != digest, other
     with pytest.raises(TypeError, match="not set"):
         checkpoint_digest({"a": {1, 2}})
@@ -349,7 +359,9 @@ def test_a_model_file_whose_header_lies_about_its_tensors_is_refused(change, tmp
         load_checkpoint(forged)
     # with the header's digest taken again, as a forger could, the header is still checked against the tensors
     header = {key: json.loads(value) for key, value in {**metadata, **change}.items()}
-    save_file(tensors, forged, metadata={**metadata, **change, "sha256": json.dumps(checkpoints._header_digest(header))})
+    save_file(
+        tensors, forged, metadata={**metadata, **change, "sha256": json.dumps(checkpoints._header_digest(header))}
+    )
     with pytest.raises(CheckpointError, match="forged.safetensors: (a model file whose header does not describe|the)"):
         load_checkpoint(forged)
 
@@ -482,8 +494,9 @@ def test_a_write_that_fails_inside_torch_save_says_why(failure, expected, tmp_pa
         save_checkpoint(tmp_path / "step-000001.pt", checkpoint_state(small_model()))
     assert "enforce fail" not in str(raised.value)
     if expected is OSError:
-        assert str(raised.value).endswith("step-000001.pt: not written (No space left on device); nothing was left "
-                                          "half-written")
+        assert str(raised.value).endswith(
+            "step-000001.pt: not written (No space left on device); nothing was left half-written"
+        )
 
 
 def test_weights_of_another_kind_of_number_are_refused_not_cast(tmp_path):
@@ -492,7 +505,9 @@ def test_weights_of_another_kind_of_number_are_refused_not_cast(tmp_path):
     weights = dict(state["model"])
     weights["generator.proj.weight"] = weights["generator.proj.weight"].to(torch.complex64)
     path = save_checkpoint(tmp_path / "complex.pt", {**state, "model": weights})
-    with pytest.raises(CheckpointError, match=r"complex.pt: generator.proj.weight holds values of type torch.complex64"):
+    with pytest.raises(
+        CheckpointError, match=r"complex.pt: generator.proj.weight holds values of type torch.complex64"
+    ):
         model_from_checkpoint(path)
 
 
@@ -507,7 +522,10 @@ WORDS = ["<pad>", "<s>", "</s>", "<unk>", "ein", "Hund", "eine", "Katze", ".", "
         ({"kind": "sentencepiece"}, "of subwords holds no SentencePiece model"),
         ({"kind": "sentencepiece", "model": b"not a model"}, "holds a SentencePiece model that does not load"),
         ({"kind": "words", "direction": "de-en", "src": WORDS, "tgt": WORDS[:4]}, "has 4 words for 'tgt', but the"),
-        ({"kind": "words", "direction": "de-en", "src": ["a"] * 10, "tgt": ["a"] * 10}, "of words for 'src' is not one"),
+        (
+            {"kind": "words", "direction": "de-en", "src": ["a"] * 10, "tgt": ["a"] * 10},
+            "of words for 'src' is not one",
+        ),
         ({"kind": "symbols", "symbols": [3, 99]}, "of symbols lists no symbols, or symbols that are not ids"),
         ({"kind": "runes"}, "is of the kind 'runes', which this version"),
         ([1, 2], "is a list, not a mapping"),

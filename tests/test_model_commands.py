@@ -104,7 +104,11 @@ def test_a_model_from_the_middle_of_a_run_is_recorded_as_such(scored_run, tmp_pa
     assert summary["steps"] == 40 and summary["evaluation"]["valid"]["steps"] == 20
     assert evaluate(scored_run, tmp_path / "results") == 0  # the run's last three checkpoints: the whole run
     result = json.loads((tmp_path / "results" / "multi30k-cpu-de-en-valid.json").read_text())
-    assert result["steps"] == 40 and result["metrics"] == logged and result["training_wall_time_s"] == summary["wall_time_s"]
+    assert (
+        result["steps"] == 40
+        and result["metrics"] == logged
+        and result["training_wall_time_s"] == summary["wall_time_s"]
+    )
 
 
 def test_evaluate_and_train_never_share_a_run(scored_run, tmp_path, capsys, monkeypatch):
@@ -145,8 +149,9 @@ def test_a_torn_last_metrics_line_does_not_stop_the_recording(scored_run, tmp_pa
 
 
 @pytest.mark.parametrize("fault", ["read-only run", "read-only results", "results link loop", "results is a file"])
-def test_what_would_stop_the_recording_stops_evaluate_before_it_translates(fault, scored_run, tmp_path, capsys,
-                                                                            monkeypatch):
+def test_what_would_stop_the_recording_stops_evaluate_before_it_translates(
+    fault, scored_run, tmp_path, capsys, monkeypatch
+):
     results = tmp_path / "results"
     if fault.startswith("read-only"):  # as for a user without the right (root may write anywhere, so it is feigned)
         folder = scored_run if fault == "read-only run" else results
@@ -199,7 +204,9 @@ def test_translate_writes_each_batch_before_it_reads_the_next():
 
     process = subprocess.Popen(
         [sys.executable, "-m", "annotated_transformer", "translate", "--checkpoint", str(COPY_CHECKPOINT)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     try:
@@ -234,10 +241,18 @@ def test_a_vocabulary_with_terminal_commands_never_reaches_the_terminal(tmp_path
         model.generator.proj.bias.copy_(torch.tensor([-1e4, -1e4, 0.0, -1e4, 5.0, 4.0]))
         model.generator.proj.weight.zero_()
     vocab = {"kind": "words", "dataset": "multi30k", "direction": "de-en", "src": words, "tgt": words}
-    state = {"config": model.config.__dict__, "src_vocab": 6, "tgt_vocab": 6, "step": 1, "model": model.state_dict(),
-             "vocab": vocab}
+    state = {
+        "config": model.config.__dict__,
+        "src_vocab": 6,
+        "tgt_vocab": 6,
+        "step": 1,
+        "model": model.state_dict(),
+        "vocab": vocab,
+    }
     path = save_checkpoint(tmp_path / "hostile.pt", state)
     monkeypatch.setattr("sys.stdin", io.StringIO("Hallo\n"))
-    assert main(["translate", "--checkpoint", str(path), "--device", "cpu", "--beam-size", "1", "--extra-len", "2"]) == 0
+    assert (
+        main(["translate", "--checkpoint", str(path), "--device", "cpu", "--beam-size", "1", "--extra-len", "2"]) == 0
+    )
     out = capsys.readouterr().out
     assert "\x1b" not in out and "\x07" not in out and "\ufffd" in out and out.count("\n") == 1

@@ -201,6 +201,8 @@ def beam_search(model: EncoderDecoder, src: Tensor, src_mask: Tensor, beam_size:
         while active:
             length += 1
             log_probs = decoder.step(tokens[:, -1]).to(dtype)          # (rows, vocab)
+            if log_probs.isnan().any():                                # weights that overflow: nothing to rank
+                raise FloatingPointError("the model's scores are NaN: its weights are damaged or diverged")
             log_probs[:, list(banned)] = float("-inf")
             vocab = log_probs.size(-1)
             at_limit = [limits[s] <= length for s in active]

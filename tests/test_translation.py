@@ -528,3 +528,15 @@ def test_from_pretrained_reads_a_shared_model_file_and_only_that():
     ).translate(["5 7 7 3", "12 11"])
     with pytest.raises(ValueError, match=r"checkpoint-format-1.pt: not a model file \(\*.safetensors\); export one"):
         Translator.from_pretrained(data / "checkpoint-format-1.pt")
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_scores_that_come_out_nan_stop_the_search_with_an_error(beam_size):
+    "Finite weights so large that the output layer overflows: the search would otherwise run to the length limit."
+    model = sharp_model(0).float()
+    with torch.no_grad():
+        model.generator.proj.weight.mul_(1e37)  # finite, but the logits are +-inf and their log-softmax NaN
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+    src, src_mask = random_sources(1, 30, [4, 9])
+    with pytest.raises(FloatingPointError, match="the model's scores are NaN"):
+        beam_search(model, src, src_mask, beam_size=beam_size, extra_len=400_000)

@@ -194,8 +194,9 @@ def save_checkpoint(path, state: Checkpoint) -> Path:
             if isinstance(err.__context__, KeyboardInterrupt):  # Ctrl-C or SIGTERM during the write: a stop, no error
                 raise err.__context__ from None
             if isinstance(err.__context__, OSError):
-                raise OSError(err.__context__.errno, f"{path}: not written ({err.__context__.strerror}); "
-                              "nothing was left half-written") from None
+                failed = err.__context__
+                raise OSError(failed.errno, f"not written ({failed.strerror or failed}); nothing was left "
+                              "half-written", str(path)) from None
             raise
     return path
 
@@ -245,22 +246,24 @@ def _checked(path: Path, state) -> Checkpoint:
     required = Checkpoint.__required_keys__ | ({"sha256"} if state["format"] >= 2 else set())
     if missing := required - set(state):
         raise DamagedCheckpoint(f"{path}: incomplete checkpoint, missing {', '.join(sorted(missing))}")
-    if not all(isinstance(state[k], int) and not isinstance(state[k], bool) and state[k] > 0 for k in ("src_vocab", "tgt_vocab")):
-        raise CheckpointError(f"{path}: its vocabulary sizes are not positive whole numbers")
+    if state["format"] >= 2:  # first the digest: whatever differs from what was written is damage, not a choice
+        try:
+            digest = checkpoint_digest(state)
+        except TypeError as err:
+            raise DamagedCheckpoint(f"{path}: not a checkpoint of this package: {err}") from None
+        if state["sha256"] != digest:
+            raise DamagedCheckpoint(f"{path}: what it holds does not match its digest: the file is damaged or was "
+                                    "edited; use an earlier checkpoint of the run, or another copy of this one")
     weights = state["model"]
     if not isinstance(weights, dict) or not all(isinstance(k, str) and isinstance(t, torch.Tensor)
                                                 for k, t in weights.items()):
         raise DamagedCheckpoint(f"{path}: its weights are not a dictionary of named tensors")
-    try:
-        digest = checkpoint_digest(state) if state["format"] >= 2 else None
-    except TypeError as err:
-        raise DamagedCheckpoint(f"{path}: not a checkpoint of this package: {err}") from None
-    if digest is not None and state["sha256"] != digest:
-        raise DamagedCheckpoint(f"{path}: what it holds does not match its digest: the file is damaged or was edited; "
-                                "use an earlier checkpoint of the run, or another copy of this one")
     if state["format"] == 1 and "weights_sha256" in state and state["weights_sha256"] != weights_digest(weights):
         raise DamagedCheckpoint(f"{path}: the weights do not match their digest: the file is damaged; use an earlier "
                               "checkpoint of the run, or another copy of this one")
+    if not all(isinstance(state[k], int) and not isinstance(state[k], bool) and state[k] > 0
+               for k in ("src_vocab", "tgt_vocab")):
+        raise CheckpointError(f"{path}: its vocabulary sizes are not positive whole numbers")
     return state
 
 

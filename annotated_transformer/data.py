@@ -200,7 +200,7 @@ def atomic_file(path):
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except OSError as err:  # a full disk or a read-only folder: say which file could not be written
-        if err.filename is None:
+        if err.errno is not None and err.filename in (None, str(tmp)):
             err.filename = str(path)
         raise
     finally:

@@ -11,6 +11,7 @@ __all__ = ['decoding_options', 'resolve_checkpoints', 'add_translate', 'input_li
 import argparse
 import contextlib
 import itertools
+import os
 import re
 import sys
 import warnings
@@ -124,18 +125,28 @@ def run_translate(args) -> None:
     batch = 1 if sys.stdin.isatty() else translator.batch_size
     lines, first = input_lines(), 1
     while chunk := list(itertools.islice(lines, batch)):
+        where = f"lines {first}-{first + len(chunk) - 1} of standard input (inputs counted from line {first}): "
+        with warnings.catch_warnings(record=True) as said:  # what the translator says counts this batch's inputs
+            warnings.simplefilter("always")
+            try:
+                translations = translator.translate(chunk, args.beam_size, args.alpha, args.extra_len)
+            except ValueError as err:
+                raise ValueError(f"{where if first > 1 else ''}{err}") from None
+        for warning in said:
+            warnings.warn(f"{where if first > 1 else ''}{warning.message}", warning.category, stacklevel=2)
+        out = "".join(output_line(t) for t in translations)
         try:
-            out = "".join(output_line(t) for t in translator.translate(chunk, args.beam_size, args.alpha, args.extra_len))
-        except ValueError as err:  # it counts the inputs of this batch: say where the batch starts
-            raise ValueError(f"standard input from line {first} on: {err}" if first > 1 else err) from None
+            if hasattr(sys.stdout, "buffer"):
+                sys.stdout.flush()
+                sys.stdout.buffer.write(out.encode("utf-8"))
+                sys.stdout.buffer.flush()
+            else:
+                sys.stdout.write(out)
+                sys.stdout.flush()
+        except BrokenPipeError:  # the reader has stopped (`| head`): stop too, quietly, as command-line tools do
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
+            return
         first += len(chunk)
-        if hasattr(sys.stdout, "buffer"):
-            sys.stdout.flush()
-            sys.stdout.buffer.write(out.encode("utf-8"))
-            sys.stdout.buffer.flush()
-        else:
-            sys.stdout.write(out)
-            sys.stdout.flush()
 
 
 # %% ../book/a4_model_commands.ipynb #28d7a7d0
@@ -161,18 +172,40 @@ def add_evaluate(commands) -> None:
     evaluate_cmd.add_argument("--hypotheses", type=Path, help="also write the translations to this file")
 
 
+def _write_text(path: Path, text: str) -> None:
+    "Write `text` (UTF-8) to the file `path`: whole or not at all, or into a device or pipe that a user named."
+    if path.exists() and not path.is_file():  # /dev/stdout, a named pipe: written into, never replaced
+        with open(path, "wb") as f:
+            f.write(text.encode("utf-8"))
+    else:
+        with atomic_file(path) as f:
+            f.write(text.encode("utf-8"))
+
+
 def run_evaluate(args) -> dict:
     """Run `evaluate`: translate the test set, print the scores and record them with the run; returns them. With the
     checkpoints of a run, it holds the run's lock throughout (no training writes there meanwhile), and checks that
     the scores can be recorded before it translates."""
     from annotated_transformer.checkpoints import load_checkpoint, model_from_state
     from annotated_transformer.distributed import check_device
-    from annotated_transformer.runs import RunDir, result_path
+    from annotated_transformer.runs import RunDir, RunDirBusy, result_path
     from annotated_transformer.translation import Translator, average_checkpoints, decoding_variant, evaluate_translator
     from annotated_transformer.wmt import evaluate_wmt14
 
     paths, run_dir = resolve_checkpoints(args.checkpoint, args.average)
-    with RunDir(run_dir) if run_dir is not None else contextlib.nullcontext():
+    if args.hypotheses and not args.hypotheses.parent.is_dir():
+        raise UsageError(f"--hypotheses {str(args.hypotheses)!r}: no folder {str(args.hypotheses.parent)!r} to write it in")
+    with contextlib.ExitStack() as held:
+        if run_dir is not None:
+            without = "or copy the checkpoints out of the run to score them without recording the scores"
+            try:
+                held.enter_context(RunDir(run_dir))
+            except RunDirBusy:
+                raise RunDirBusy(f"{run_dir} is in use: a training or another evaluation writes there; evaluate it "
+                                 f"when that ends, {without}") from None
+            except PermissionError:
+                raise PermissionError(f"{run_dir}: this folder cannot be written, and evaluate records the scores "
+                                      f"there; make it writable, {without}") from None
         device = check_device(device_option(args.device))
         state = average_checkpoints(paths) if len(paths) > 1 else load_checkpoint(paths[0])
         translator = Translator(model_from_state(state, paths[-1], device), state.get("vocab", {}), device=device)
@@ -203,12 +236,13 @@ def run_evaluate(args) -> dict:
                 f"{evaluation['tokenized_lowercase_bleu']}"
             )
         evaluation["checkpoints"], evaluation["steps"] = [p.name for p in paths], state["step"]  # what was scored
+        if "elapsed_s" in state:  # one checkpoint of a run: the training time it took to reach it
+            evaluation["training_wall_time_s"] = state["elapsed_s"]
         print(report, flush=True)
-        if args.hypotheses:
-            with atomic_file(args.hypotheses) as f:
-                f.write("".join(h + "\n" for h in evaluation["hypotheses"]).encode("utf-8"))
-        if run_dir is not None:
+        if run_dir is not None:  # the record first: the translations are a copy for the user
             print(f"recorded in {run_dir / 'summary.json'} and {record_result(run_dir, evaluation, args.results)}")
+        if args.hypotheses:
+            _write_text(args.hypotheses, "".join(h + "\n" for h in evaluation["hypotheses"]))
     return evaluation
 
 

@@ -69,7 +69,8 @@ class RunDir:
 
     Used as `with RunDir(path) as run:`, it takes the folder for this process: a second training into it (or an
     evaluation, which records in it) is refused while this one runs (the lock goes with the process, however it
-    ends), and the temporary files of writers that died mid-write are removed. Only the process with `writer=True` writes; the others only read, to resume.
+    ends), and the temporary files of writers that died mid-write are removed. Only the process with
+    `writer=True` writes; the others only read, to resume.
     With `tensorboard=True`, every line of metrics also goes to TensorBoard event files in `tensorboard/`."""
 
     def __init__(self, path, writer: bool = True, tensorboard: bool = False):
@@ -191,6 +192,9 @@ class RunDir:
                     raise ValueError(f"{self.metrics}, line {number}: not valid JSON; the file is damaged") from None
                 warnings.warn(f"{self.metrics}: its last line was cut short; dropped", RuntimeWarning, stacklevel=3)
                 break
+            if not (isinstance(entry, dict) and isinstance(entry.get("step"), int)):
+                raise ValueError(f"{self.metrics}, line {number}: not a line of metrics (no update number); the file "
+                                 "is damaged")
             if entry["step"] <= step:
                 kept.append(line)
         return kept
@@ -260,15 +264,24 @@ class RunDir:
         return [json.loads(line) for line in self._logged(step)]
 
     def finish(self, summary: dict) -> dict:
-        """Write summary.json; returns the summary. The evaluations recorded in it before (`record_result`) are
-        kept: each says which update it scored."""
-        summary_path = self.path / "summary.json"
-        if summary_path.exists() and "evaluation" not in summary:
-            if evaluation := read_json(summary_path).get("evaluation"):
-                summary = {**summary, "evaluation": evaluation}
+        """Write summary.json; returns the summary. The evaluations recorded in it before (`record_result`) that say
+        which update they scored are kept."""
+        if "evaluation" not in summary and (kept := self._evaluations()):
+            summary = {**summary, "evaluation": kept}
         if self.writer:
-            write_json(summary_path, summary)
+            write_json(self.path / "summary.json", summary)
         return summary
+
+    def _evaluations(self) -> dict:
+        "The evaluations that summary.json records (`record_result`) with the update they scored; {} if none."
+        try:
+            old = read_json(self.path / "summary.json")
+        except (FileNotFoundError, ValueError):  # none yet, or a damaged summary, which `finish` replaces
+            return {}
+        recorded = old.get("evaluation") if isinstance(old, dict) else None
+        if not isinstance(recorded, dict):
+            return {}
+        return {split: e for split, e in recorded.items() if isinstance(e, dict) and "steps" in e}
 
 # %% ../book/a2_runs.ipynb #c3d1f58c
 def _columns(stream) -> int:
@@ -384,7 +397,8 @@ def result_path(run_dir, direction: str, split: str, variant: str = "", results_
     `results_dir/<recipe>-<direction>-<split><variant>.json`, where `variant` names decoding other than §6.1's.
     Checked before an evaluation does any work, so that scores are never computed only to be lost: the parts of
     the name must be plain names (letters, digits, '.', '_', '-'), never paths; the run's files must read; the run
-    folder and the results folder (made if missing) must be writable. Raises an error naming the file otherwise."""
+    folder and the results folder (or the folder it will be made in) must be writable. Raises an error naming the
+    file otherwise."""
     run_dir, results_dir = Path(run_dir), Path(results_dir)
     config_path = run_dir / "config.json"
     config = read_json(config_path)
@@ -397,17 +411,19 @@ def result_path(run_dir, direction: str, split: str, variant: str = "", results_
                              "and no path), and the results file is named after it; correct it")
     if not (isinstance(variant, str) and re.fullmatch(r"[A-Za-z0-9._-]*", variant)):
         raise ValueError(f"the evaluation: the variant {variant!r} may hold only letters, digits, '.', '_' and '-'")
-    if (run_dir / "summary.json").exists():
-        read_json(run_dir / "summary.json")
+    if not isinstance(config.get("device"), str):
+        raise ValueError(f"{config_path}: names no device; the run's files are incomplete")
+    summary_path = run_dir / "summary.json"
+    if summary_path.exists() and not isinstance(read_json(summary_path), dict):
+        raise ValueError(f"{summary_path}: damaged, not a JSON object; restore the file or train the run again")
     RunDir(run_dir, writer=False).logged_metrics()
-    if results_dir.is_file():
-        raise NotADirectoryError(f"{results_dir}: a file, not a folder; choose another results folder (--results)")
-    try:
-        results_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as err:  # a file in the way, a link that loops, no permission
-        raise OSError(f"{results_dir}: cannot be the results folder ({err.strerror or err}); choose another with "
-                      "--results") from None
-    for folder in (run_dir, results_dir):
+    if results_dir.is_symlink() and not results_dir.exists():
+        raise FileNotFoundError(f"{results_dir}: a link that loops or leads nowhere, not a folder; choose another "
+                                "results folder (--results)")
+    existing = next(p for p in (results_dir, *results_dir.parents) if p.exists())  # made from here when recording
+    if not existing.is_dir():
+        raise NotADirectoryError(f"{existing}: a file, not a folder; choose another results folder (--results)")
+    for folder in (run_dir, existing):
         if not os.access(folder, os.W_OK | os.X_OK):
             raise PermissionError(f"{folder}: this folder cannot be written (read-only, or another user's), and the "
                                   "evaluation is recorded there; make it writable")
@@ -418,11 +434,13 @@ def record_result(run_dir, evaluation: dict, results_dir="results") -> Path:
     """Record an evaluation of the run in `run_dir`: under "evaluation" in its summary.json, and as the results file
     of `result_path`, with what is needed to compare runs (recipe, data, scores with signatures, training wall time,
     device, commit, the loss curve). `evaluation["steps"]`, the update of the model scored, says which part of the
-    run the file describes (by default the whole run): the loss curve and the training time stop there. Both files
-    are written or neither. Returns the results file's path."""
+    run the file describes (by default the whole run): the loss curve and the training time stop there. The two
+    files stay in step: when summary.json cannot be written, the results file is put back as it was. Returns the
+    results file's path."""
     run_dir = Path(run_dir)
     variant = evaluation.get("variant", "")
     path = result_path(run_dir, evaluation["direction"], evaluation["split"], variant, results_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
     config = read_json(run_dir / "config.json")
     summary_path = run_dir / "summary.json"
     summary = read_json(summary_path) if summary_path.exists() else {}
@@ -432,8 +450,9 @@ def record_result(run_dir, evaluation: dict, results_dir="results") -> Path:
         metrics = RunDir(run_dir, writer=False).logged_metrics(steps if steps is not None else float("inf"))
     if steps is not None and steps == summary.get("steps"):
         wall_time = summary.get("wall_time_s")
-    else:  # a model from the middle of the run: the time of its update, when an evaluation was logged at it
-        wall_time = next((m.get("elapsed_s") for m in metrics if m["step"] == steps), None)
+    else:  # a model from the middle of the run: the time its checkpoint stored, or that of an evaluation then
+        logged = next((m.get("elapsed_s") for m in metrics if m["step"] == steps), None)
+        wall_time = evaluation.get("training_wall_time_s", logged)
     scores = {k: v for k, v in evaluation.items() if k not in ("hypotheses", "variant")}
     result = {"recipe": config["recipe"]["name"], **scores, "steps": steps, "training_wall_time_s": wall_time,
               "device": config["device"], "threads": config.get("threads"),

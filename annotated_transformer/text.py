@@ -18,6 +18,7 @@ import sys
 from collections import Counter
 
 from .data import load_multi30k, with_progress
+from .recipes import DIRECTION
 
 # %% ../book/a6_text.ipynb #e4ea24cc
 PAD, BOS, EOS, UNK = 0, 1, 2, 3
@@ -257,8 +258,8 @@ def vocab_problem(vocab, src_vocab: int, tgt_vocab: int) -> str | None:
     if not isinstance(vocab, dict):
         return f"is a {type(vocab).__name__}, not a mapping"
     direction = vocab.get("direction", "-")
-    if not (isinstance(direction, str) and (direction == "-" or re.fullmatch(r"[a-z]{2,3}-[a-z]{2,3}", direction))):
-        return f"has the direction {direction!r}, not two language codes joined by '-' (such as de-en)"
+    if not (isinstance(direction, str) and (direction == "-" or DIRECTION.fullmatch(direction))):
+        return f"has the direction {direction!r}, not two language names joined by '-' (such as de-en)"
     if not isinstance(vocab.get("dataset"), (str, type(None))):
         return f"names the data set {vocab['dataset']!r}, not a name"
     kind = vocab.get("kind", "symbols" if "symbols" in vocab else None)

@@ -493,10 +493,9 @@ def test_a_write_that_fails_inside_torch_save_says_why(failure, expected, tmp_pa
     with pytest.raises(expected) as raised:
         save_checkpoint(tmp_path / "step-000001.pt", checkpoint_state(small_model()))
     assert "enforce fail" not in str(raised.value)
-    if expected is OSError:
-        assert str(raised.value).endswith(
-            "step-000001.pt: not written (No space left on device); nothing was left half-written"
-        )
+    if expected is OSError:  # the reason, and the file once
+        assert raised.value.filename == str(tmp_path / "step-000001.pt") and str(raised.value).count("step-000001") == 1
+        assert "not written (No space left on device); nothing was left half-written" in str(raised.value)
 
 
 def test_weights_of_another_kind_of_number_are_refused_not_cast(tmp_path):
@@ -517,7 +516,7 @@ WORDS = ["<pad>", "<s>", "</s>", "<unk>", "ein", "Hund", "eine", "Katze", ".", "
 @pytest.mark.parametrize(
     "vocab, problem",
     [
-        ({"symbols": [3, 4], "direction": "de"}, "has the direction 'de', not two language codes"),
+        ({"symbols": [3, 4], "direction": "de"}, "has the direction 'de', not two language names"),
         ({"symbols": [3, 4], "direction": "../x-y"}, "has the direction"),
         ({"kind": "sentencepiece"}, "of subwords holds no SentencePiece model"),
         ({"kind": "sentencepiece", "model": b"not a model"}, "holds a SentencePiece model that does not load"),

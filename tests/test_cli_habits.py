@@ -266,3 +266,18 @@ def test_a_refused_device_leaves_no_run_directory(tmp_path, monkeypatch, capsys)
     monkeypatch.chdir(tmp_path)
     assert main(["train", "copy", "--device", "tpu"]) == 2
     assert "--device 'tpu' is not a device name" in capsys.readouterr().err and not (tmp_path / "runs").exists()
+
+
+def test_after_one_sigterm_the_next_ones_are_ignored():
+    "The handler that turns SIGTERM into an interruption stands down at once: a second signal cannot break the stop."
+    import signal
+
+    from annotated_transformer import cli
+
+    previous = signal.signal(signal.SIGTERM, cli._on_sigterm)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            cli._on_sigterm(signal.SIGTERM, None)
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -3,6 +3,7 @@ what is said without a network, line readers, and Multi30k's published files."""
 
 import gzip
 import hashlib
+import os
 import threading
 import time
 from pathlib import Path
@@ -156,3 +157,16 @@ def test_a_read_only_data_dir_can_still_be_read(tmp_path, monkeypatch):
     shared.chmod(0o500)
     monkeypatch.setenv("AT_DATA_DIR", str(shared))
     assert data_dir() == shared
+
+
+def test_a_write_that_fails_names_the_file_it_was_for(tmp_path, monkeypatch):
+    "Not the hidden temporary file: the one the user knows."
+    from annotated_transformer.data import write_json
+
+    def full_disk(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full_disk)
+    with pytest.raises(OSError, match=r"No space left on device: '.*summary.json'"):
+        write_json(tmp_path / "summary.json", {"steps": 1})
+    assert list(tmp_path.iterdir()) == []

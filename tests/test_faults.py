@@ -107,7 +107,7 @@ def test_resuming_a_finished_run_changes_nothing(tmp_path, straight, capsys):
     run = tmp_path / "run"
     train(TINY, run, device="cpu", progress=False)
     summary = json.loads((run / "summary.json").read_text())
-    summary["evaluation"] = {"test": {"bleu": 12.3}}  # as `evaluate` adds it
+    summary["evaluation"] = {"test": {"bleu": 12.3, "steps": 24}}  # as `evaluate` adds it
     (run / "summary.json").write_text(json.dumps(summary))
     before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
     capsys.readouterr()

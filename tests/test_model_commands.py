@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from annotated_transformer.cli import main
 
@@ -99,7 +100,8 @@ def test_a_model_from_the_middle_of_a_run_is_recorded_as_such(scored_run, tmp_pa
     result = json.loads((tmp_path / "results" / "multi30k-cpu-de-en-valid.json").read_text())
     logged = [json.loads(line) for line in (scored_run / "metrics.jsonl").read_text().splitlines()]
     assert result["steps"] == 20 and result["checkpoints"] == ["step-000020.pt"]
-    assert result["metrics"] == logged[:1] and result["training_wall_time_s"] == logged[0]["elapsed_s"]
+    stored = torch.load(scored_run / "checkpoints" / "step-000020.pt", weights_only=True)
+    assert result["metrics"] == logged[:1] and result["training_wall_time_s"] == stored["elapsed_s"]
     summary = json.loads((scored_run / "summary.json").read_text())
     assert summary["steps"] == 40 and summary["evaluation"]["valid"]["steps"] == 20
     assert evaluate(scored_run, tmp_path / "results") == 0  # the run's last three checkpoints: the whole run
@@ -121,7 +123,7 @@ def test_evaluate_and_train_never_share_a_run(scored_run, tmp_path, capsys, monk
     with RunDir(scored_run):  # a training holds the run: evaluate is refused before it translates anything
         assert evaluate(scored_run, tmp_path / "results") == 1
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and f"{scored_run} is in use: another process is training into it or evaluating" in err
+    assert err.count("\n") == 1 and f"{scored_run} is in use: a training or another evaluation writes there" in err
     assert files(scored_run) == before and not (tmp_path / "results").exists()
     # an evaluation holds the run: a training that would write summary.json meanwhile is refused
     recipe = Recipe.from_dict(stored_recipe(scored_run / "config.json")).replace(steps=50)
@@ -177,6 +179,8 @@ def test_a_failure_to_write_the_summary_leaves_the_results_file_as_it_was(scored
 
     results = tmp_path / "results"
     assert evaluate(scored_run, results) == 0
+    recorded = results / "multi30k-cpu-de-en-valid.json"
+    recorded.write_text(recorded.read_text().replace('"bleu"', '"bleu_as_it_was"'))  # what must come back
     before = files(scored_run, results)
     write_json = runs.write_json
 
@@ -186,9 +190,25 @@ def test_a_failure_to_write_the_summary_leaves_the_results_file_as_it_was(scored
         write_json(path, data)
 
     monkeypatch.setattr(runs, "write_json", full_disk_at_the_summary)
-    assert evaluate(scored_run, results, "--beam-size", "4") == 1
+    assert evaluate(scored_run, results, "--hypotheses", str(tmp_path / "hypotheses.txt")) == 1
     assert "No space left on device" in capsys.readouterr().err
-    assert files(scored_run, results) == before
+    assert files(scored_run, results) == before and not (tmp_path / "hypotheses.txt").exists()
+
+
+def test_the_translations_go_where_asked_after_the_record(scored_run, tmp_path, capsys):
+    "A missing folder is a usage mistake found before any work; a named pipe is written into, never replaced."
+    import threading
+
+    assert evaluate(scored_run, tmp_path / "results", "--hypotheses", str(tmp_path / "no" / "h.txt")) == 2
+    assert "no folder" in capsys.readouterr().err and not (tmp_path / "results").exists()
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    received = []
+    reader = threading.Thread(target=lambda: received.append(pipe.read_text()), daemon=True)
+    reader.start()
+    assert evaluate(scored_run, tmp_path / "results", "--hypotheses", str(pipe)) == 0
+    reader.join(timeout=60)
+    assert received[0].count("\n") == 12 and pipe.is_fifo()
 
 
 # `translate` streams, and writes text, never terminal commands
@@ -256,3 +276,19 @@ def test_a_vocabulary_with_terminal_commands_never_reaches_the_terminal(tmp_path
     )
     out = capsys.readouterr().out
     assert "\x1b" not in out and "\x07" not in out and "\ufffd" in out and out.count("\n") == 1
+
+
+def test_translate_stops_quietly_when_its_reader_does(tmp_path):
+    "`translate ... | head -n 1`: a closed pipe ends the command without an error message."
+    import subprocess
+    import sys
+
+    command = f"{sys.executable} -m annotated_transformer translate --checkpoint {COPY_CHECKPOINT} | head -n 1"
+    done = subprocess.run(
+        ["bash", "-o", "pipefail", "-c", command],
+        input=b"5 7 7 3\n" * 2000,
+        capture_output=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        timeout=300,
+    )
+    assert done.returncode == 0 and done.stdout.count(b"\n") == 1 and done.stderr == b"", done.stderr

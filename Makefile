@@ -120,7 +120,7 @@ test: lint check-export book-stored
 # Throughput of the straightforward and the fast paths on this machine (about 4 minutes on a 2-core CPU).
 # The translation part needs a trained translator: runs/multi30k-cpu (`annotated-transformer train multi30k-cpu`).
 bench: $(STAMP)
-	$(BIN)/annotated-transformer bench --out results
+	$(BIN)/annotated-transformer bench --compile --out results
 
 # The wheel and the sdist, built with the installed setuptools (no download); tests/test_packaging.py checks both.
 dist: $(STAMP)

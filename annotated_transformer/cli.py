@@ -265,8 +265,9 @@ def _add_bench(commands) -> None:
     bench_cmd = commands.add_parser(
         "bench",
         help="measure training and translation speed on this machine",
-        description="Measure training throughput (straightforward and fast paths) and translation throughput "
-        "(with and without the incremental cache), and write OUT/bench-<device>.json and .md.",
+        description="Measure training throughput (straightforward, fast and, where the device supports it, bf16 "
+        "paths, with MFU against the device's measured matrix-product peak) and translation throughput (with and "
+        "without the incremental cache), and write OUT/bench-<device>.json and .md.",
     )
     bench_cmd.add_argument(
         "--checkpoint",
@@ -282,7 +283,7 @@ def _add_bench(commands) -> None:
     bench_cmd.add_argument(
         "--compile",
         action=argparse.BooleanOptionalAction,
-        help="also measure the fast path under torch.compile (default: on CUDA only)",
+        help="also measure the bf16 path under torch.compile (default: on CUDA only)",
     )
     bench_cmd.add_argument(
         "--out", type=Path, default=Path("results"), help="folder for the results (default: results)"

@@ -15,6 +15,7 @@ from annotated_transformer import (
     make_optimizer,
     subsequent_mask,
 )
+from annotated_transformer.distributed import bf16_supported
 from annotated_transformer.bench import (
     bench_training,
     bench_translation,
@@ -330,10 +331,21 @@ def test_the_whole_benchmark_writes_results_and_a_table(tiny_subword_run, tmp_pa
         models={"tiny": (TINY, 300)},
         progress=lines.append,
     )
-    cases = [("straightforward", "random"), ("fast", "length"), ("straightforward", "length"), ("fast", "random")]
-    assert lines[:4] == [f"training tiny: {path}, {batching} batches" for path, batching in cases]
+    bf16 = [("bf16", "length")] if bf16_supported("cpu") else []  # where the CPU computes in bf16
+    cases = [
+        ("straightforward", "random"),
+        ("fast", "length"),
+        *bf16,
+        ("straightforward", "length"),
+        ("fast", "random"),
+    ]
+    assert lines[: len(cases)] == [f"training tiny: {path}, {batching} batches" for path, batching in cases]
     assert [(r["path"], r["batching"]) for r in result["training"]] == cases  # each change alone after the two paths
     assert result["training"][0]["speedup"] == 1.0 and "compile" in result
+    peaks = result["peak_flops"]  # measured here, and MFU taken against the best of them
+    assert peaks["float32"] > 0 and peaks["mfu_against"] == (peaks["bfloat16"] or peaks["float32"])
+    assert all(r["mfu"] == pytest.approx(r["achieved_flops"] / peaks["mfu_against"]) for r in result["training"])
+    assert [r["bf16_autocast"] for r in result["training"]] == [path == "bf16" for path, _ in cases]
     assert len(result["translation"]) == 8 and all(r["same_as_other_path"] == 1.0 for r in result["translation"])
     vocab = RECIPES["multi30k-cpu"].subwords  # one shared vocabulary
     assert (result["translation_model"]["src_vocab"], result["translation_model"]["tgt_vocab"]) == (vocab, vocab)
@@ -350,7 +362,7 @@ def test_the_whole_benchmark_writes_results_and_a_table(tiny_subword_run, tmp_pa
     assert json_path.name == f"bench-{device_slug(result['device_name'])}.json"
     assert json.loads(json_path.read_text())["translation"] == result["translation"]
     table = table_path.read_text()
-    assert result["device_name"] in table and table.count("\n| ") == 4 + 8 + 2 + 8 + 1  # rows and header rows
+    assert result["device_name"] in table and table.count("\n| ") == len(cases) + 8 + 2 + 8 + 1  # rows, headers
     assert not list((tmp_path / "results").glob(".*"))  # no temporary files left
 
 
@@ -363,8 +375,11 @@ def test_a_compiler_failure_is_recorded_and_the_rest_measured(monkeypatch):
     result = run_benchmark(
         device="cpu", repeats=1, updates=1, compile=True, models={"tiny": (TINY, 300)}, progress=lambda line: None
     )
-    assert [r["path"] for r in result["training"]] == ["straightforward", "fast", "compiled", "straightforward", "fast"]
-    assert result["training"][2]["error"] == "RuntimeError: no C compiler found" and "compile" not in result
+    bf16 = ["bf16"] if bf16_supported("cpu") else []
+    paths = ["straightforward", "fast", *bf16, "compiled", "straightforward", "fast"]
+    assert [r["path"] for r in result["training"]] == paths
+    compiled = result["training"][paths.index("compiled")]
+    assert compiled["error"] == "RuntimeError: no C compiler found" and "compile" not in result
     assert "| tiny | compiled | length | failed: RuntimeError: no C compiler found |" in bench_table(result)
 
 

@@ -233,3 +233,14 @@ def test_the_rank_torchrun_gives_is_read_in_one_place(monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "4")
     assert torchrun_rank() == 3
+
+
+def test_bf16_is_supported_where_the_cpu_has_its_instructions(tmp_path):
+    from annotated_transformer.distributed import bf16_supported
+
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16\n\nprocessor\t: 1\n")
+    assert bf16_supported("cpu", cpuinfo)
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512bw\n")
+    assert not bf16_supported("cpu", cpuinfo)
+    assert not bf16_supported("cpu", tmp_path / "missing") and not bf16_supported("meta")

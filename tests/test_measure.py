@@ -71,3 +71,15 @@ def test_importing_the_benchmark_leaves_pytorchs_flop_formulas_as_they_are():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
     assert done.stdout.split() == ["True", "True"]  # untouched by the import; counting knows the CPU kernel
+
+
+def test_the_matrix_product_peak_is_a_rate_of_the_products_asked_for(monkeypatch):
+    "A rate, never asserted against a speed: 2 n^3 FLOPs per product, over the best timing."
+    import torch
+
+    from annotated_transformer import measure
+
+    clock = iter(range(100))  # each reading of the clock one second later
+    monkeypatch.setattr(measure.time, "perf_counter", lambda: next(clock))
+    assert measure.matmul_peak("cpu", torch.float32, size=64, repeats=3) == 2 * 64**3 * 3 / 1.0
+    assert measure.matmul_peak("cpu", torch.bfloat16, size=16, repeats=1) == 2 * 16**3

@@ -273,6 +273,9 @@ def _measure_training(models: dict, task, device: torch.device, cases: dict, pro
                     raise
                 training.append({**entry, "path": path, "batching": batching, "error": f"{type(err).__name__}: {(str(err).splitlines() or [''])[0]}"})
                 continue
+            finally:
+                if path == "compiled":  # its compiled code goes: later peak memory is not its
+                    torch._dynamo.reset()
             straightforward = straightforward or r["tokens_per_s"]["median"]
             training.append({**entry, **r, "speedup": r["tokens_per_s"]["median"] / straightforward})
     return training
@@ -304,15 +307,13 @@ def run_benchmark(device=None, checkpoint=None, repeats: int = 3, updates: int |
                   progress=print) -> dict:
     """Measure training and translation throughput on one machine; returns the results (see `write_benchmark`).
 
-    Training: for each of `models` (name -> (TransformerConfig, max_tokens); default `BENCH_RECIPE`'s model and
-    the paper's base model) the straightforward and the fast path, bf16 where the device supports it, and the
-    compiled one when `compile` (default: on CUDA only), on Multi30k's training batches, with MFU against the
-    device's own matrix-product peak (`matmul_peak`; on a known GPU, its data sheet's); for the first model also each path with the other's batches, which
-    separates what batching gains from what the kernels gain. Translation, when `checkpoint` (a list of
-    checkpoint paths of a Multi30k translator, averaged when several) is given: greedy and beam-4 decoding at
-    batch sizes 1 and 64, with and without the cache, on `sentences` (batch size -> count; default 32 and 256
-    on a CPU, 100 and 1,000 on a GPU) sentences spread over the test set. `progress` receives a line per case.
-    """
+    Training, on Multi30k's batches, for each of `models` (name -> (TransformerConfig, max_tokens); default the
+    recipe's model and the base model): the straightforward, fast and (where supported) bf16 paths, the compiled
+    one when `compile` (default: on CUDA), with MFU against the device's peak (`matmul_peak`; a known GPU: its data
+    sheet's); for the first model also each path with the other's batches. Translation, given `checkpoint` (paths
+    of a Multi30k translator, averaged): greedy and beam 4 at batch sizes 1 and 64, with and without the cache, on
+    `sentences` (batch size -> count; default 32 and 256 on a CPU, 100 and 1,000 on a GPU) test sentences.
+    `progress` receives a line per case."""
     device = check_device(device)
     on_gpu = device.type == "cuda"
     recipe = BENCH_RECIPE
@@ -321,7 +322,7 @@ def run_benchmark(device=None, checkpoint=None, repeats: int = 3, updates: int |
                   "base": (TransformerConfig.base(), RECIPES["multi30k-gpu"].max_tokens if on_gpu else recipe.max_tokens)}
     compile = on_gpu if compile is None else compile
     updates, warmup = updates or (10 if on_gpu else 2), 3 if on_gpu else 1
-    # A bad checkpoint should fail now, not after minutes of training measurements.
+    # A bad checkpoint fails now, not after minutes of measuring.
     translator = Translator.from_checkpoint(*checkpoint, device=device) if checkpoint is not None else None
     name = device_name(str(device))
     if device.type not in ("cpu", "cuda"):
@@ -335,14 +336,17 @@ def run_benchmark(device=None, checkpoint=None, repeats: int = 3, updates: int |
                              "chapter on speed); pass compile=True (--compile) to measure it") if not on_gpu \
             else "not measured (compile=False)"
     bf16 = bf16_supported(device)
-    peaks = {"float32": matmul_peak(device, torch.float32), "bfloat16": matmul_peak(device, torch.bfloat16) if bf16 else None}
-    peak = (peak_flops(name) if on_gpu else None) or peaks["bfloat16"] or peaks["float32"]
-    result["peak_flops"] = {**peaks, "mfu_against": peak}
-    paths = [("straightforward", "random"), ("fast", "length")] + [(p, "length") for p, on in (("bf16", bf16), ("compiled", compile)) if on]
+    result["matmul_peak"] = {"float32": matmul_peak(device, torch.float32),
+                             "bfloat16": matmul_peak(device, torch.bfloat16) if bf16 else None}
+    # MFU: against the bf16 rate where there is one (a known GPU: its data sheet's), else the float32 rate
+    result["mfu_peak"] = ((peak_flops(name) if on_gpu else None) or result["matmul_peak"]["bfloat16"]
+                          or result["matmul_peak"]["float32"])
+    paths = [("straightforward", "random"), ("fast", "length")] + ([("bf16", "length")] if bf16 else [])
     ablation = [("straightforward", "length"), ("fast", "random")]  # each change alone, for the first model
-    cases = {name: paths + (ablation if i == 0 else []) for i, name in enumerate(models)}
+    compiled = [("compiled", "length")] if compile else []  # last: what compiling leaves does not weigh on the rest
+    cases = {name: paths + (ablation if i == 0 else []) + compiled for i, name in enumerate(models)}
     result["training"] = _measure_training(models, load_task(recipe), device, cases, progress, updates=updates,
-                                           warmup=warmup, repeats=repeats, peak=peak)
+                                           warmup=warmup, repeats=repeats, peak=result["mfu_peak"])
     if translator is None:
         result["translation"] = "not measured: no trained checkpoint was given"
         return result

@@ -62,8 +62,8 @@ def bf16_supported(device, cpuinfo="/proc/cpuinfo") -> bool:
     """Whether `device` computes in bfloat16 natively, which bf16 autocast needs to pay: a CUDA GPU that supports it,
     or a CPU with AVX-512 BF16 or AMX-BF16 instructions (Linux lists them in `cpuinfo`; elsewhere: False)."""
     device, cpuinfo = torch.device(device), Path(cpuinfo)
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
+    if device.type == "cuda":  # natively from Ampere (compute capability 8) on; older GPUs only emulate it
+        return torch.cuda.get_device_capability(device)[0] >= 8
     if device.type != "cpu" or not cpuinfo.exists():
         return False
     flags = {flag for line in cpuinfo.read_text().splitlines() if line.startswith("flags") for flag in line.split()}

@@ -76,9 +76,9 @@ class PeakMemory:
 
 
 def matmul_peak(device, dtype: torch.dtype, size: int | None = None, repeats: int = 5) -> float:
-    """The FLOP/s that `device` reaches on products of two large square matrices of `dtype` (size 2048 on a CPU,
-    8192 on a GPU; all the CPU threads PyTorch uses): the best of three timings of `repeats` products, after an
-    untimed one. No model does better than this, so the benchmark reports MFU against it."""
+    """The FLOP/s that `device` reaches on products of two large square matrices of `dtype` (size 8192 on a CUDA GPU,
+    else 2048; all the CPU threads PyTorch uses): the best of three timings of `repeats` products, after an untimed
+    one. The rate a model's own products can at best approach, so the benchmark reports MFU against it."""
     device = torch.device(device)
     size = size or (8192 if device.type == "cuda" else 2048)
     a, b = (torch.randn(size, size, device=device).to(dtype) for _ in range(2))
@@ -89,7 +89,9 @@ def matmul_peak(device, dtype: torch.dtype, size: int | None = None, repeats: in
         for _ in range(repeats):
             a @ b
         sync(device)
-        best = min(best, time.perf_counter() - start) if trial else best
+        elapsed = time.perf_counter() - start
+        if trial:
+            best = min(best, elapsed)
     return 2 * size**3 * repeats / best
 
 
@@ -211,10 +213,9 @@ def bench_table(result: dict) -> str:
     lines = [f"Measured on **{result['device_name']}** ({result['device']}, {result['threads']} threads), "
              f"PyTorch {result['torch_version']}, {result['date']}; median (min–max) of "
              f"{result['settings']['repeats']} repetitions.", "", *_training_table(result)]
-    if peaks := result.get("peak_flops"):  # older results took a GPU's data-sheet peak, and none on a CPU
-        measured = ", ".join(f"{dtype} {_number(flops / 1e9)}" for dtype, flops in peaks.items()
-                             if dtype != "mfu_against" and flops)
-        lines += ["", f"MFU against {_number(peaks['mfu_against'] / 1e9)} GFLOP/s; matrix products measured on this "
+    if "mfu_peak" in result:  # older results took a GPU's data-sheet peak, and none on a CPU
+        measured = ", ".join(f"{dtype} {_number(flops / 1e9)}" for dtype, flops in result["matmul_peak"].items() if flops)
+        lines += ["", f"MFU against {_number(result['mfu_peak'] / 1e9)} GFLOP/s; matrix products measured on this "
                       f"device, GFLOP/s: {measured}."]
     if isinstance(result.get("compile"), str):
         lines += ["", f"torch.compile: {result['compile']}."]

@@ -15,7 +15,6 @@ from annotated_transformer import (
     make_optimizer,
     subsequent_mask,
 )
-from annotated_transformer.distributed import bf16_supported
 from annotated_transformer.bench import (
     bench_training,
     bench_translation,
@@ -28,6 +27,7 @@ from annotated_transformer.bench import (
     use_path,
 )
 from annotated_transformer.cli import main
+from annotated_transformer.distributed import bf16_supported
 from annotated_transformer.distributed import device_slug
 from annotated_transformer.measure import bench_table, write_benchmark
 from annotated_transformer.recipes import RECIPES
@@ -168,7 +168,9 @@ def copy_pairs(n: int):
     return copy_task(n, vocab=13, seed=0)
 
 
-@pytest.mark.parametrize("path, batching", [("straightforward", None), ("fast", None), ("fast", "random")])
+@pytest.mark.parametrize(
+    "path, batching", [("straightforward", None), ("fast", None), ("fast", "random"), ("bf16", None)]
+)
 def test_training_benchmark_reports_real_tokens_and_padding(path, batching, monkeypatch):
     import annotated_transformer.bench as bench
 
@@ -188,7 +190,7 @@ def test_training_benchmark_reports_real_tokens_and_padding(path, batching, monk
     assert optimizer.param_groups[0]["betas"] == (0.9, 0.98) and r["fused_adam"] is False
     batching = batching or ("random" if path == "straightforward" else "length")  # each path's own by default
     assert r["path"] == path and r["batching"] == batching and r["tokens_per_s"]["n"] == 2
-    assert r["mfu"] is None and r["bf16_autocast"] is False
+    assert r["mfu"] is None and r["bf16_autocast"] is (path == "bf16" and bf16_supported("cpu"))
     tokens = r["real_tokens_per_update"]
     assert 0 < tokens <= 200 and r["flops_per_token"] > 6 * 32 * 32
     if batching == "length":
@@ -342,9 +344,9 @@ def test_the_whole_benchmark_writes_results_and_a_table(tiny_subword_run, tmp_pa
     assert lines[: len(cases)] == [f"training tiny: {path}, {batching} batches" for path, batching in cases]
     assert [(r["path"], r["batching"]) for r in result["training"]] == cases  # each change alone after the two paths
     assert result["training"][0]["speedup"] == 1.0 and "compile" in result
-    peaks = result["peak_flops"]  # measured here, and MFU taken against the best of them
-    assert peaks["float32"] > 0 and peaks["mfu_against"] == (peaks["bfloat16"] or peaks["float32"])
-    assert all(r["mfu"] == pytest.approx(r["achieved_flops"] / peaks["mfu_against"]) for r in result["training"])
+    peaks = result["matmul_peak"]  # measured here; MFU against the bf16 rate where there is one
+    assert peaks["float32"] > 0 and result["mfu_peak"] == (peaks["bfloat16"] or peaks["float32"])
+    assert all(r["mfu"] == pytest.approx(r["achieved_flops"] / result["mfu_peak"]) for r in result["training"])
     assert [r["bf16_autocast"] for r in result["training"]] == [path == "bf16" for path, _ in cases]
     assert len(result["translation"]) == 8 and all(r["same_as_other_path"] == 1.0 for r in result["translation"])
     vocab = RECIPES["multi30k-cpu"].subwords  # one shared vocabulary
@@ -376,7 +378,7 @@ def test_a_compiler_failure_is_recorded_and_the_rest_measured(monkeypatch):
         device="cpu", repeats=1, updates=1, compile=True, models={"tiny": (TINY, 300)}, progress=lambda line: None
     )
     bf16 = ["bf16"] if bf16_supported("cpu") else []
-    paths = ["straightforward", "fast", *bf16, "compiled", "straightforward", "fast"]
+    paths = ["straightforward", "fast", *bf16, "straightforward", "fast", "compiled"]  # compiled last
     assert [r["path"] for r in result["training"]] == paths
     compiled = result["training"][paths.index("compiled")]
     assert compiled["error"] == "RuntimeError: no C compiler found" and "compile" not in result
@@ -437,3 +439,12 @@ def test_bench_command_writes_the_results(tiny_run, tmp_path, monkeypatch, capsy
         len(list((tmp_path / "out").glob("bench-*.json"))) == 1
         and len(list((tmp_path / "out").glob("bench-*.md"))) == 1
     )
+
+
+@pytest.mark.parametrize("supported", [True, False])
+def test_the_bf16_path_autocasts_only_where_the_device_has_bf16_and_mfu_takes_the_given_peak(supported, monkeypatch):
+    from annotated_transformer import bench
+
+    monkeypatch.setattr(bench, "bf16_supported", lambda device: supported)
+    r = bench_training(TINY, copy_pairs(400), 13, 13, "bf16", "cpu", max_tokens=200, updates=1, repeats=1, peak=1e12)
+    assert r["bf16_autocast"] is supported and r["mfu"] == pytest.approx(r["achieved_flops"] / 1e12)

@@ -79,7 +79,7 @@ def test_the_matrix_product_peak_is_a_rate_of_the_products_asked_for(monkeypatch
 
     from annotated_transformer import measure
 
-    clock = iter(range(100))  # each reading of the clock one second later
+    # trials of 0.5 s (the untimed warm-up), 3 s, 2 s and 4 s: the best timed one counts
+    clock = iter([0, 0.5, 10, 13, 20, 22, 30, 34])
     monkeypatch.setattr(measure.time, "perf_counter", lambda: next(clock))
-    assert measure.matmul_peak("cpu", torch.float32, size=64, repeats=3) == 2 * 64**3 * 3 / 1.0
-    assert measure.matmul_peak("cpu", torch.bfloat16, size=16, repeats=1) == 2 * 16**3
+    assert measure.matmul_peak("cpu", torch.float32, size=64, repeats=3) == 2 * 64**3 * 3 / 2.0

@@ -117,7 +117,7 @@ test: lint check-export book-stored
 	AT_SMALL_MODELS=1 $(PY) -m pytest tests book --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg \
 	  --nbval-cell-timeout 1800
 
-# Throughput of the straightforward, fast, bf16 and compiled paths on this machine (about 8 minutes on 2 cores).
+# Throughput of the straightforward, fast, bf16 and compiled paths on this machine (about 7 minutes on 2 cores).
 # The translation part needs a trained translator: runs/multi30k-cpu (`annotated-transformer train multi30k-cpu`).
 bench: $(STAMP)
 	$(BIN)/annotated-transformer bench --compile --out results

@@ -125,15 +125,17 @@ def run_translate(args) -> None:
     batch = 1 if sys.stdin.isatty() else translator.batch_size
     lines, first = input_lines(), 1
     while chunk := list(itertools.islice(lines, batch)):
-        where = f"lines {first}-{first + len(chunk) - 1} of standard input (inputs counted from line {first}): "
-        with warnings.catch_warnings(record=True) as said:  # what the translator says counts this batch's inputs
+        # what the translator says counts this batch's inputs: after the first batch, say where it starts
+        where = f"lines {first}-{first + len(chunk) - 1} of standard input (inputs counted from line {first}): " \
+            if first > 1 else ""
+        with warnings.catch_warnings(record=True) as said:
             warnings.simplefilter("always")
             try:
                 translations = translator.translate(chunk, args.beam_size, args.alpha, args.extra_len)
             except ValueError as err:
-                raise ValueError(f"{where if first > 1 else ''}{err}") from None
+                raise ValueError(f"{where}{err}") from None
         for warning in said:
-            warnings.warn(f"{where if first > 1 else ''}{warning.message}", warning.category, stacklevel=2)
+            warnings.warn(f"{where}{warning.message}", warning.category, stacklevel=2)
         out = "".join(output_line(t) for t in translations)
         try:
             if hasattr(sys.stdout, "buffer"):

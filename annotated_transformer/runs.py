@@ -45,6 +45,13 @@ def _tensorboard_writer():
     return SummaryWriter
 
 
+def _check_writable(folder: Path, why: str) -> None:
+    "Refuse, before any work, a folder this process cannot write in; `why` says what is written there."
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise PermissionError(f"{folder}: this folder cannot be written (read-only, or another user's), and {why}; "
+                              "make it writable")
+
+
 class RunDirBusy(RuntimeError):
     "A run directory that another process is training into, or evaluating."
 
@@ -94,9 +101,7 @@ class RunDir:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as err:
             raise OSError(f"cannot create the run directory {self.path} ({err.strerror}); choose another one") from None
-        if not os.access(self.path, os.W_OK | os.X_OK):  # a read-only folder: refused before any work, not after
-            raise PermissionError(f"{self.path}: this folder cannot be written (read-only, or another user's), and a "
-                                  "run writes its files there; make it writable, or choose another directory")
+        _check_writable(self.path, "a run writes its files there")
         try:
             self._lock.acquire()
         except Timeout:
@@ -424,9 +429,7 @@ def result_path(run_dir, direction: str, split: str, variant: str = "", results_
     if not existing.is_dir():
         raise NotADirectoryError(f"{existing}: a file, not a folder; choose another results folder (--results)")
     for folder in (run_dir, existing):
-        if not os.access(folder, os.W_OK | os.X_OK):
-            raise PermissionError(f"{folder}: this folder cannot be written (read-only, or another user's), and the "
-                                  "evaluation is recorded there; make it writable")
+        _check_writable(folder, "the evaluation is recorded there")
     return results_dir / f"{recipe['name']}-{direction}-{split}{variant}.json"
 
 

@@ -292,3 +292,14 @@ def test_translate_stops_quietly_when_its_reader_does(tmp_path):
         timeout=300,
     )
     assert done.returncode == 0 and done.stdout.count(b"\n") == 1 and done.stderr == b"", done.stderr
+
+
+def test_a_bad_line_after_the_first_batch_is_placed_in_the_input(monkeypatch, capsys):
+    "The translator counts the inputs of its batch: the command says where that batch starts."
+    import io
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("5 6\n" * 70 + "5 x\n"))
+    assert main(["translate", "--checkpoint", str(COPY_CHECKPOINT), "--device", "cpu"]) == 1
+    out, err = capsys.readouterr()
+    assert out.count("\n") == 64  # the first batch, written before the second was read
+    assert "lines 65-71 of standard input (inputs counted from line 65): input 7, '5 x'" in err

@@ -224,3 +224,26 @@ def test_the_recording_switch_does_not_break_a_compiled_graph():
     mha = MultiHeadedAttention(2, 8, dropout=0.0).eval()
     x = torch.randn(1, 3, 8)
     assert torch._dynamo.explain(mha)(x, x, x).graph_break_count == 0
+
+
+def test_under_bf16_autocast_on_a_cpu_the_heads_attend_in_float32_and_agree_with_float32(monkeypatch):
+    "PyTorch's CPU attention is slow to backpropagate in bfloat16: the products around it stay bf16, the heads do not."
+    seen, real = [], torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(
+        torch.nn.functional,
+        "scaled_dot_product_attention",
+        lambda q, *a, **kw: seen.append(q.dtype) or real(q, *a, **kw),
+    )
+    torch.manual_seed(0)
+    mha = MultiHeadedAttention(4, 32, dropout=0.0, fused=True)
+    x = torch.randn(2, 5, 32, requires_grad=True)
+    mask = subsequent_mask(5).expand(2, 5, 5)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = mha(x, x, x, mask)
+    out.float().sum().backward()
+    assert seen == [torch.float32] and out.dtype == torch.bfloat16  # the heads in float32, W^O in bfloat16
+    grad = x.grad.clone()
+    x.grad = None
+    mha(x, x, x, mask).sum().backward()  # all in float32: the same, to bfloat16's precision
+    assert seen == [torch.float32, torch.float32]
+    assert torch.allclose(out.float(), mha(x, x, x, mask), atol=0.05) and torch.allclose(grad, x.grad, atol=0.1)

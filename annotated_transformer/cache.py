@@ -37,7 +37,9 @@ def cached_run(recipe: Recipe, *, device=None, progress: bool = True) -> Path:
 
     The folder is named after the recipe and a hash of its settings and of `run_modules()`. A finished run is
     returned as it is (a process that is training it is waited for); an interrupted one is resumed from its newest
-    checkpoint; otherwise the recipe is trained (with `train`) into it."""
+    checkpoint; otherwise the recipe is trained (with `train`) into it, in float32 on every device (no bf16
+    autocast), so that what a chapter prints does not depend on whether the reader's processor has bfloat16
+    arithmetic."""
     key = hashlib.sha256(json.dumps(recipe.to_dict(), sort_keys=True).encode())
     for module in run_modules():
         key.update(module.read_bytes())
@@ -50,5 +52,5 @@ def cached_run(recipe: Recipe, *, device=None, progress: bool = True) -> Path:
         resume = bool(list_checkpoints(run_dir))
         if not resume and run_dir.exists():  # stopped before its first checkpoint: nothing in it can be resumed
             shutil.rmtree(run_dir)
-        train(recipe, run_dir, device=device, resume=resume, progress=progress)
+        train(recipe, run_dir, device=device, resume=resume, progress=progress, bf16=False)
     return run_dir

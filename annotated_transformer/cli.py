@@ -26,7 +26,7 @@ import torch
 from . import __version__
 from .command_arguments import (ENVIRONMENT, CommandParser, UsageError, device_option, help_section,
                                                      parse_override, positive_int)
-from .distributed import default_device, process_group, torchrun_rank
+from .distributed import bf16_by_default, bf16_supported, default_device, process_group, torchrun_rank
 from .model import TransformerConfig
 from .model_commands import (add_evaluate, add_export, add_translate, resolve_checkpoints,
                                                   run_evaluate, run_export, run_translate)
@@ -106,6 +106,9 @@ def _add_train(commands) -> None:
     train_cmd.add_argument("--device", help="cpu, cuda, cuda:N or mps (default: the best available)")
     train_cmd.add_argument("--quiet", action="store_true", help="no progress output (bar or lines)")
     train_cmd.add_argument("--compile", action="store_true", help="compile the model with torch.compile (for GPUs)")
+    train_cmd.add_argument("--bf16", action=argparse.BooleanOptionalAction,
+                           help="the forward pass in bfloat16 autocast, or not (default: a resumed run's own setting, "
+                           "else this machine's default, which --version prints)")
     train_cmd.add_argument("--tensorboard", action="store_true",
                            help="also log for TensorBoard (pip install 'annotated-transformer[tensorboard]')")
 
@@ -198,7 +201,7 @@ def _train(args, settings: dict) -> dict:
     try:
         with process_group(device) as device:  # under torchrun: one of several processes
             return train(recipe, out, device=device, resume=args.resume, progress=not args.quiet,
-                         compile=args.compile, tensorboard=args.tensorboard)
+                         compile=args.compile, tensorboard=args.tensorboard, bf16=args.bf16)
     except RunDirBusy:  # another launch holds the folder: it is not ours to remove
         raise
     except BaseException:
@@ -300,7 +303,7 @@ def _bench(args) -> dict:
         if args.checkpoint is None and not (RUNS / "multi30k-cpu").exists():
             raise UsageError(
                 "the translation benchmark needs a trained Multi30k translator: train one with "
-                "`annotated-transformer train multi30k-cpu` (about 18 minutes on 2 CPU cores), pass "
+                "`annotated-transformer train multi30k-cpu` (8 to 18 minutes on 2 CPU cores), pass "
                 "--checkpoint, or measure training only with --no-translation"
             )
         checkpoint, _ = resolve_checkpoints(args.checkpoint or [RUNS / "multi30k-cpu"], None)
@@ -377,14 +380,18 @@ def _variations(args, settings: dict) -> dict:
 
 # %% ../book/a4_command_line.ipynb #3b09303c
 class _Version(argparse.Action):
-    "`--version`: the package's version, PyTorch's, and what PyTorch computes on here; then the program ends."
+    """`--version`: the package's version, PyTorch's, and what PyTorch computes on here (with bfloat16 or not);
+    then the program ends."""
 
     def __init__(self, option_strings, dest, help=None):
         super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
 
     def __call__(self, parser, namespace, values, option_string=None):
-        print(f"annotated-transformer {__version__}\nPyTorch {torch.__version__}, default device "
-              f"{default_device()}, {torch.get_num_threads()} CPU threads")
+        device = default_device()
+        autocast = "by default" if bf16_by_default(device) else "only with train --bf16"
+        print(f"annotated-transformer {__version__}\nPyTorch {torch.__version__}, default device {device}, "
+              f"{torch.get_num_threads()} CPU threads\nbfloat16 {'native' if bf16_supported(device) else 'not native'} "
+              f"on {device}: training autocasts to it {autocast}")
         parser.exit()
 
 

@@ -27,7 +27,7 @@ from . import __version__
 from .checkpoints import (RESUME_KEYS, CheckpointError, DamagedCheckpoint, TrainingCheckpoint,
                                                TrainingState, list_checkpoints, load_checkpoint, save_checkpoint)
 from .data import atomic_file, progress_shown, read_json, write_json
-from .distributed import device_name, set_rng_state
+from .distributed import bf16_by_default, device_name, set_rng_state
 from .model import make_model
 from .recipes import PLAIN_NAME, Recipe, stored_recipe
 
@@ -155,9 +155,11 @@ class RunDir:
         recipe.check_continues(stored_recipe(config), config)
         return summary if summary["steps"] >= recipe.steps else None
 
-    def start(self, recipe: Recipe, device: torch.device, world_size: int, accum_steps: int, resume: bool) -> None:
+    def start(self, recipe: Recipe, device: torch.device, world_size: int, accum_steps: int, resume: bool, *,
+              bf16_autocast: bool = False) -> None:
         """Refuse a folder that holds another run (unless resuming), then write config.json, with the CPU threads
-        PyTorch uses (and `OMP_NUM_THREADS` when set), and open the TensorBoard event file if asked for."""
+        PyTorch uses (and `OMP_NUM_THREADS` when set) and whether the run trains in bf16 autocast, and open the
+        TensorBoard event file if asked for."""
         if not resume and self.holds_a_run():
             raise FileExistsError(f"{self.path} already holds a run: resume it, or choose another directory")
         if self.writer:
@@ -165,11 +167,27 @@ class RunDir:
             omp = {"OMP_NUM_THREADS": os.environ["OMP_NUM_THREADS"]} if "OMP_NUM_THREADS" in os.environ else {}
             write_json(self.path / "config.json", {"recipe": recipe.to_dict(), "device": str(device),
                                                    "world_size": world_size, "accum_steps": accum_steps,
-                                                   "threads": torch.get_num_threads(), **omp})
+                                                   "threads": torch.get_num_threads(), **omp,
+                                                   "bf16_autocast": bf16_autocast})
         if self._tensorboard is not None:
             # TensorBoard hides the events from `purge_step` on: a resumed run's evaluations after its checkpoint
             purge = None if self._resumed_at is None else self._resumed_at + 1
             self._events = self._tensorboard(self.path / "tensorboard", purge_step=purge)
+
+    def bf16_autocast(self, device: torch.device, bf16: bool | None, resume: bool) -> bool:
+        """Whether the run trains its forward pass in bf16 autocast: as `bf16` says, else as the run being resumed
+        did (its config.json), else `bf16_by_default(device)`. A resume keeps the run's setting: bfloat16 rounds
+        differently from float32, so the run would not continue exactly."""
+        config = self.path / "config.json"
+        if not (resume and config.exists()):
+            return bf16_by_default(device) if bf16 is None else bf16
+        # runs from before the setting was recorded autocast on every CUDA GPU that had bfloat16, emulated or not
+        recorded = read_json(config).get("bf16_autocast", device.type == "cuda" and torch.cuda.is_bf16_supported())
+        if bf16 is not None and bf16 != recorded:
+            raise ValueError(f"{config}: the run trained {'with' if recorded else 'without'} bf16 autocast, which "
+                             "changes how its numbers round, so it would not continue exactly: resume without "
+                             f"{'--no-bf16' if recorded else '--bf16'}")
+        return recorded
 
     def _newest_good_checkpoint(self) -> tuple[dict | None, Path | None]:
         """The newest checkpoint that loads, and its path; damaged newer ones are set aside as `*.damaged`, with a
@@ -459,6 +477,7 @@ def record_result(run_dir, evaluation: dict, results_dir="results") -> Path:
     scores = {k: v for k, v in evaluation.items() if k not in ("hypotheses", "variant")}
     result = {"recipe": config["recipe"]["name"], **scores, "steps": steps, "training_wall_time_s": wall_time,
               "device": config["device"], "threads": config.get("threads"),
+              "bf16_autocast": config.get("bf16_autocast"),
               "device_name": device_name(config["device"]), "commit": commit(), "package_version": __version__,
               "torch_version": torch.__version__, "recipe_settings": config["recipe"], "metrics": metrics}
     summary.setdefault("evaluation", {})[evaluation["split"]] = {**scores, "steps": steps}

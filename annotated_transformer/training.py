@@ -279,19 +279,21 @@ def copy_data(recipe: Recipe) -> Task:
 
 # %% ../book/06_training.ipynb #39ce81e8
 def train(recipe: Recipe, run_dir, *, device=None, resume: bool = False, progress: bool = True,
-          stop_after: int | None = None, compile: bool = False, tensorboard: bool = False) -> dict:
-    """Train `recipe` into `run_dir` (see `RunDir`) on `device` (default: the best available; bf16 autocast on CUDA
-    where supported); returns the summary, also in summary.json. `resume=True` continues exactly from the newest
-    checkpoint (a finished run stays as it is unless `recipe.steps` asks for more); `stop_after` ends the run after
-    that many updates, as an interruption would; `compile=True` compiles the model; `tensorboard=True` also writes the
-    metrics as TensorBoard event files. `progress` shows a bar on a terminal, and a line per evaluation elsewhere. Under
-    `torchrun` the processes train one model together, each with its share of every update's batches; process 0 alone
-    evaluates and writes."""
+          stop_after: int | None = None, compile: bool = False, tensorboard: bool = False,
+          bf16: bool | None = None) -> dict:
+    """Train `recipe` into `run_dir` (see `RunDir`) on `device` (default: the best available); returns the summary,
+    also in summary.json. `bf16` runs the forward pass in bf16 autocast (default: as a resumed run did, else
+    `bf16_by_default(device)`). `resume=True` continues exactly from the newest checkpoint (a finished run stays as
+    it is unless `recipe.steps` asks for more); `stop_after` ends the run after that many updates, as an interruption
+    would; `compile=True` compiles the model; `tensorboard=True` also writes the metrics as TensorBoard event files.
+    `progress` shows a bar on a terminal, and a line per evaluation elsewhere. Under `torchrun` the processes train
+    one model together, each with its share of every update's batches; process 0 alone evaluates and writes."""
     device, rank = check_device(device), rank_and_world_size()[0]
     with (RunDir(run_dir, writer=rank == 0, tensorboard=tensorboard) as run,  # one training at a time in run_dir
           ProgressReport(recipe, show=progress and rank == 0) as report):
         if resume and (summary := run.finished(recipe)):
             return report.finished(summary)
+        autocast = run.bf16_autocast(device, bf16, resume)
         with report.loading():  # a first use of the data may download it, or tokenize it
             task = load_task(recipe)
         torch.manual_seed(recipe.seed)
@@ -305,8 +307,7 @@ def train(recipe: Recipe, run_dir, *, device=None, resume: bool = False, progres
         criterion = LabelSmoothing(task.tgt_vocab, PAD, recipe.model.label_smoothing)
         world, accum = processes.world, accumulation_steps(recipe, processes.world)
         state = run.resume(recipe, model, optimizer, scheduler, device, rank, world) if resume else TrainingState()
-        run.start(recipe, device, world, accum, resume)
-        autocast = device.type == "cuda" and torch.cuda.is_bf16_supported()
+        run.start(recipe, device, world, accum, resume, bf16_autocast=autocast)
         end = recipe.steps if stop_after is None else min(recipe.steps, stop_after)
         started, saved_at = time.perf_counter() - state.elapsed_s, time.perf_counter()
         window_start = saved_at

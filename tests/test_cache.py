@@ -17,6 +17,7 @@ def test_cached_run_trains_once_resumes_an_interrupted_run_and_keys_on_the_setti
 
     def interrupted_once(recipe, run_dir, **kwargs):
         calls.append(kwargs["resume"])
+        assert kwargs["bf16"] is False  # float32 everywhere: the same outputs on every processor
         if len(calls) == 1:  # the first run is killed after 8 of its 12 updates, as by Ctrl-C or a pre-emption
             train(recipe, run_dir, **kwargs, stop_after=8)
             raise KeyboardInterrupt

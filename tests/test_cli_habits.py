@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import annotated_transformer
-from annotated_transformer import training
+from annotated_transformer import cli, training
 from annotated_transformer.charts import plot_metrics
 from annotated_transformer.cli import main
 from annotated_transformer.model import TransformerConfig
@@ -47,11 +47,21 @@ def stored_run(tmp_path):
     return run
 
 
-def test_version_names_the_package_pytorch_and_the_device(capsys):
+def test_version_names_the_package_pytorch_the_device_and_what_it_does_with_bfloat16(capsys, monkeypatch):
     assert main(["--version"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == f"annotated-transformer {annotated_transformer.__version__}" and len(lines) == 2
+    assert lines[0] == f"annotated-transformer {annotated_transformer.__version__}" and len(lines) == 3
     assert lines[1].startswith(f"PyTorch {torch.__version__}, default device ")
+    for native, default, line in [
+        (True, True, "bfloat16 native on cpu: training autocasts to it by default"),
+        (True, False, "bfloat16 native on cpu: training autocasts to it only with train --bf16"),
+        (False, False, "bfloat16 not native on cpu: training autocasts to it only with train --bf16"),
+    ]:
+        monkeypatch.setattr(cli, "default_device", lambda: torch.device("cpu"))
+        monkeypatch.setattr(cli, "bf16_supported", lambda device, native=native: native)
+        monkeypatch.setattr(cli, "bf16_by_default", lambda device, default=default: default)
+        assert main(["--version"]) == 0
+        assert capsys.readouterr().out.splitlines()[2] == line
 
 
 def test_every_recipe_has_a_description_with_its_time():
@@ -67,7 +77,7 @@ def test_train_help_lists_the_recipes_their_settings_and_the_environment(capsys,
     flat = " ".join(help_text.split())  # as wrapped, words are separated by line breaks too
     for name, description in RECIPE_DESCRIPTIONS.items():
         assert f"{name} {description}" in flat
-    assert "under a minute on a 2-core CPU" in flat and "about 18 minutes on 2 CPU cores" in flat
+    assert "under a minute on a 2-core CPU" in flat and "about 8 minutes on 2 CPU cores with bf16" in flat
     assert "steps=1234" in flat and "steps=1200" not in flat
     assert "d_model=64" in flat and "direction=de-en" in flat  # the recipes' own values
     for field in dataclasses.fields(Recipe):
@@ -186,6 +196,12 @@ def test_tensorboard_reaches_train(trained, tmp_path):
     assert trained[-1]["tensorboard"] is True
     assert main(["train", "copy", "--out", str(tmp_path / "b"), *TINY]) == 0
     assert trained[-1]["tensorboard"] is False
+
+
+def test_bf16_and_no_bf16_reach_train_and_neither_leaves_the_choice_to_it(trained, tmp_path):
+    for option, bf16 in [("--bf16", True), ("--no-bf16", False), (None, None)]:
+        assert main(["train", "copy", "--out", str(tmp_path / str(option)), *TINY, *filter(None, [option])]) == 0
+        assert trained[-1]["bf16"] is bf16
 
 
 def test_from_and_config_start_a_new_run_with_a_trained_runs_settings(trained, tmp_path, monkeypatch):

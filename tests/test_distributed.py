@@ -253,3 +253,11 @@ def test_bf16_is_supported_on_gpus_that_compute_in_it_not_those_that_emulate_it(
 
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
     assert bf16_supported("cuda:0") is native
+
+
+def test_training_autocasts_to_bf16_by_default_wherever_the_device_computes_in_it(monkeypatch):
+    from annotated_transformer import distributed
+
+    for native in (True, False):
+        monkeypatch.setattr(distributed, "bf16_supported", lambda device, native=native: native)
+        assert distributed.bf16_by_default("cpu") is native and distributed.bf16_by_default("cuda:0") is native

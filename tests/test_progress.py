@@ -69,6 +69,43 @@ def test_config_records_the_thread_count_of_the_moment_and_omp_num_threads_only_
     assert config["threads"] == 2 and "OMP_NUM_THREADS" not in config
 
 
+# --- bf16 autocast ----------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def autocast_seen(monkeypatch):
+    "The `autocast` argument of every `accumulate_gradients` call that `train` makes, in order."
+    seen, real = [], training.accumulate_gradients
+    monkeypatch.setattr(training, "accumulate_gradients", lambda *args: seen.append(args[3]) or real(*args))
+    return seen
+
+
+def test_a_bf16_run_is_recorded_as_one_and_resumes_exactly_in_bf16(tmp_path, autocast_seen):
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    train(TINY, whole, device="cpu", progress=False, bf16=True)
+    assert read_json(whole / "config.json")["bf16_autocast"] is True and set(autocast_seen) == {True}
+    train(TINY, parts, device="cpu", progress=False, bf16=True, stop_after=8)
+    with pytest.raises(ValueError, match="trained with bf16 autocast, .* resume without --no-bf16"):
+        train(TINY, parts, device="cpu", progress=False, resume=True, bf16=False)
+    autocast_seen.clear()
+    train(TINY, parts, device="cpu", progress=False, resume=True)  # not said: as the run did
+    assert set(autocast_seen) == {True} and read_json(parts / "config.json")["bf16_autocast"] is True
+    losses = [[(m["step"], m["train_loss"], m["valid_loss"]) for m in metrics_of(run)] for run in (whole, parts)]
+    assert losses[0] == losses[1]  # interrupted and resumed, the same numbers as without a break
+    train(TINY, tmp_path / "f32", device="cpu", progress=False, bf16=False)
+    assert [m["valid_loss"] for m in metrics_of(tmp_path / "f32")] != [v for _, _, v in losses[0]]  # it rounded
+
+
+def test_a_run_that_recorded_no_setting_resumes_as_it_trained_in_float32_on_a_cpu(tmp_path):
+    RunDir(tmp_path).start(TINY, torch.device("cpu"), 1, 1, resume=False)
+    config = read_json(tmp_path / "config.json")
+    assert config.pop("bf16_autocast") is False
+    (tmp_path / "config.json").write_text(json.dumps(config))  # as runs wrote it before the setting was recorded
+    assert RunDir(tmp_path).bf16_autocast(torch.device("cpu"), None, resume=True) is False
+    with pytest.raises(ValueError, match="trained without bf16 autocast, .* resume without --bf16"):
+        RunDir(tmp_path).bf16_autocast(torch.device("cpu"), True, resume=True)
+
+
 # --- progress: lines where stderr is no terminal, a bar where it is ----------------------------------------------------
 
 

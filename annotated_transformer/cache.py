@@ -39,7 +39,7 @@ def cached_run(recipe: Recipe, *, device=None, progress: bool = True) -> Path:
     returned as it is (a process that is training it is waited for); an interrupted one is resumed from its newest
     checkpoint; otherwise the recipe is trained (with `train`) into it, in float32 on every device (no bf16
     autocast), so that what a chapter prints does not depend on whether the reader's processor has bfloat16
-    arithmetic."""
+    arithmetic. (The chapters' own small demonstrations of `train` ask for float32 too.)"""
     key = hashlib.sha256(json.dumps(recipe.to_dict(), sort_keys=True).encode())
     for module in run_modules():
         key.update(module.read_bytes())

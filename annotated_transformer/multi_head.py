@@ -101,9 +101,9 @@ class MultiHeadedAttention(nn.Module):
             dropout = self.dropout.p if self.training else 0.0
             # On a CPU, PyTorch's fused attention is slow to backpropagate in bfloat16 (under bf16 autocast; the speed
             # chapter's bf16 runs show what it costs), so there the heads attend in float32.
-            cpu_bf16 = q.device.type == "cpu" and q.dtype == torch.bfloat16
+            dtype, cpu_bf16 = q.dtype, q.device.type == "cpu" and q.dtype == torch.bfloat16
             with torch.autocast("cpu", enabled=False) if cpu_bf16 else contextlib.nullcontext():
                 q, k, v = (t.float() for t in (q, k, v)) if cpu_bf16 else (q, k, v)
-                x = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
+                x = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout).to(dtype)
             self.attn = None
         return self.w_o(self.merge_heads(x))  # Concat, then W^O: (batch, n_q, d_model)

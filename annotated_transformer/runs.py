@@ -176,18 +176,19 @@ class RunDir:
 
     def bf16_autocast(self, device: torch.device, bf16: bool | None, resume: bool) -> bool:
         """Whether the run trains its forward pass in bf16 autocast: as `bf16` says, else as the run being resumed
-        did (its config.json), else `bf16_by_default(device)`. A resume keeps the run's setting: bfloat16 rounds
-        differently from float32, so the run would not continue exactly."""
-        config = self.path / "config.json"
-        if not (resume and config.exists()):
-            return bf16_by_default(device) if bf16 is None else bf16
-        # runs from before the setting was recorded autocast on every CUDA GPU that had bfloat16, emulated or not
-        recorded = read_json(config).get("bf16_autocast", device.type == "cuda" and torch.cuda.is_bf16_supported())
-        if bf16 is not None and bf16 != recorded:
+        did (its config.json), else `bf16_by_default(device)`. A resume from a checkpoint keeps the run's setting:
+        bfloat16 rounds differently from float32, so the run would not continue exactly."""
+        config, recorded = self.path / "config.json", None
+        if resume and config.exists():
+            # runs from before the setting was recorded autocast on every CUDA GPU that had bfloat16, emulated or not
+            recorded = read_json(config).get("bf16_autocast", device.type == "cuda" and torch.cuda.is_bf16_supported())
+        if bf16 is None:
+            return bf16_by_default(device) if recorded is None else recorded
+        if recorded is not None and bf16 != recorded and self.checkpoints():  # without one, the run starts over
             raise ValueError(f"{config}: the run trained {'with' if recorded else 'without'} bf16 autocast, which "
                              "changes how its numbers round, so it would not continue exactly: resume without "
-                             f"{'--no-bf16' if recorded else '--bf16'}")
-        return recorded
+                             f"{'--no-bf16' if recorded else '--bf16'} (bf16=None)")
+        return bf16
 
     def _newest_good_checkpoint(self) -> tuple[dict | None, Path | None]:
         """The newest checkpoint that loads, and its path; damaged newer ones are set aside as `*.damaged`, with a

@@ -149,8 +149,9 @@ def run_variations(base: Recipe, out_dir, rows: list[Variation] | None = None, *
                                  "give this one another folder (--out)")
             table["rows"].append(entry)
         elif only is None or variation.name in only:
+            # float32 on every device, as the recorded table was trained: rows of one table compare like for like
             summary = train(recipe, run_dir, device=device, resume=(run_dir / "config.json").exists(),
-                            progress=progress)
+                            progress=progress, bf16=False)
             if summary["steps"] != recipe.steps:  # a finished run with more updates is left as it is by `train`
                 raise ValueError(f"{run_dir} holds a run of {summary['steps']} updates, not the {recipe.steps} of this "
                                  "table; give this table another folder (--out)")

@@ -247,3 +247,11 @@ def test_under_bf16_autocast_on_a_cpu_the_heads_attend_in_float32_and_agree_with
     mha(x, x, x, mask).sum().backward()  # all in float32: the same, to bfloat16's precision
     assert seen == [torch.float32, torch.float32]
     assert torch.allclose(out.float(), mha(x, x, x, mask), atol=0.05) and torch.allclose(grad, x.grad, atol=0.1)
+
+
+def test_a_bfloat16_model_on_a_cpu_attends_in_float32_and_stays_bfloat16_without_autocast():
+    torch.manual_seed(0)
+    mha = MultiHeadedAttention(4, 32, dropout=0.0, fused=True)
+    x = torch.randn(2, 5, 32)
+    out = mha.bfloat16()(x.bfloat16(), x.bfloat16(), x.bfloat16())  # a model cast whole, no autocast
+    assert out.dtype == torch.bfloat16 and torch.allclose(out.float(), mha.float()(x, x, x), atol=0.05)

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from annotated_transformer import text, training
+from annotated_transformer import runs, text, training
 from annotated_transformer.checkpoints import list_checkpoints
 from annotated_transformer.data import progress_shown, read_json, with_progress
 from annotated_transformer.recipes import RECIPES
@@ -96,8 +96,23 @@ def test_a_bf16_run_is_recorded_as_one_and_resumes_exactly_in_bf16(tmp_path, aut
     assert [m["valid_loss"] for m in metrics_of(tmp_path / "f32")] != [v for _, _, v in losses[0]]  # it rounded
 
 
+def test_a_new_run_autocasts_as_bf16_by_default_says_and_a_run_without_a_checkpoint_may_change(
+    tmp_path, autocast_seen, monkeypatch
+):
+    for default in (True, False):
+        monkeypatch.setattr(runs, "bf16_by_default", lambda device, default=default: default)
+        autocast_seen.clear()
+        train(TINY.replace(steps=8), tmp_path / str(default), device="cpu", progress=False)
+        assert read_json(tmp_path / str(default) / "config.json")["bf16_autocast"] is default
+        assert set(autocast_seen) == {default}
+    RunDir(tmp_path / "none").start(TINY, torch.device("cpu"), 1, 1, resume=False, bf16_autocast=True)
+    # stopped before its first checkpoint: it starts over, so another setting is no break in the run
+    assert RunDir(tmp_path / "none").bf16_autocast(torch.device("cpu"), False, resume=True) is False
+    assert RunDir(tmp_path / "none").bf16_autocast(torch.device("cpu"), None, resume=True) is True  # as it began
+
+
 def test_a_run_that_recorded_no_setting_resumes_as_it_trained_in_float32_on_a_cpu(tmp_path):
-    RunDir(tmp_path).start(TINY, torch.device("cpu"), 1, 1, resume=False)
+    train(TINY.replace(steps=8), tmp_path, device="cpu", progress=False, bf16=False)
     config = read_json(tmp_path / "config.json")
     assert config.pop("bf16_autocast") is False
     (tmp_path / "config.json").write_text(json.dumps(config))  # as runs wrote it before the setting was recorded

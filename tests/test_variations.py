@@ -155,7 +155,8 @@ def test_the_rows_resume_without_training_a_scored_row_again(tmp_path, cache):
     )
     rows = [Variation("base", "base"), Variation("D", "D-ls0.0", (("label_smoothing", 0.0),))]
     out, results = tmp_path / "runs", tmp_path / "results" / "variations.json"
-    train(rows[1].recipe(base), out / "D-ls0.0", stop_after=3, progress=False)  # a row interrupted after 3 updates
+    # a row interrupted after 3 updates, trained as run_variations trains (float32)
+    train(rows[1].recipe(base), out / "D-ls0.0", stop_after=3, progress=False, bf16=False)
 
     first = run_variations(base, out, rows, only=["base"], results=results, progress=False)
     assert [r["name"] for r in first["rows"]] == ["base"] and first["complete"] is False

@@ -56,7 +56,7 @@ def test_the_rows_of_the_books_base():
 
 
 def test_row_d_takes_the_papers_values_other_than_the_bases():
-    # a base like multi30k-cpu's (dropout 0, label smoothing 0.2): row (D) also tries the paper's 0.1 for both
+    # a base without dropout and with label smoothing 0.2: row (D) also tries the paper's 0.1 for both
     recipe = BASE.replace(dropout=0.0, label_smoothing=0.2)
     assert [r.name for r in table3_rows(recipe) if r.row == "D"] == [
         "D-dropout0.1",

@@ -162,6 +162,11 @@ class Recipe:
         mine, theirs = _flat(self.to_dict()), _flat(other)
         return sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
 
+    def trains_differently(self, other: dict) -> list[str]:
+        """`differences`, less `keep_checkpoints`: the settings that change what a run trains or how it is scored. How
+        many checkpoints a run keeps on disk changes neither (a run may keep more, to compare averages)."""
+        return [k for k in self.differences(other) if k != "keep_checkpoints"]
+
     def check_continues(self, stored: dict, source) -> None:
         """Refuse, naming `source` and each setting, to continue with this recipe the run of `stored` (a recipe as
         `to_dict` gives it, read from `source`) when their settings differ: a resumed run keeps its own, except

@@ -327,6 +327,14 @@ def test_record_result_names_the_results_file_with_the_decoding_variant(tmp_path
     assert "hypotheses" not in result and "variant" not in result
 
 
+def test_a_recipe_trains_differently_in_all_but_the_checkpoints_it_keeps():
+    recipe = RECIPES["multi30k-cpu"]
+    assert recipe.trains_differently(recipe.replace(keep_checkpoints=20).to_dict()) == []
+    assert recipe.differences(recipe.replace(keep_checkpoints=20).to_dict()) == ["keep_checkpoints"]
+    other = recipe.replace(keep_checkpoints=20, dropout=0.0, steps=2200).to_dict()
+    assert recipe.trains_differently(other) == ["dropout", "steps"]
+
+
 RECORDED = sorted((Path(__file__).parent.parent / "results").glob("multi30k-*.json"))
 
 
@@ -335,7 +343,7 @@ def test_recorded_results_come_from_the_recipe_as_it_is(path):
     "A recipe changed after its result was recorded leaves the book and the README quoting another recipe's scores."
     result = json.loads(path.read_text())
     recipe = RECIPES[result["recipe"]].replace(direction=result["direction"])
-    assert recipe.differences(result["recipe_settings"]) == [], f"{path.name}: record it again with the recipe"
+    assert recipe.trains_differently(result["recipe_settings"]) == [], f"{path.name}: record it again with the recipe"
 
 
 def test_recorded_results_are_found():

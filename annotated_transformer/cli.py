@@ -303,7 +303,7 @@ def _bench(args) -> dict:
         if args.checkpoint is None and not (RUNS / "multi30k-cpu").exists():
             raise UsageError(
                 "the translation benchmark needs a trained Multi30k translator: train one with "
-                "`annotated-transformer train multi30k-cpu` (about 25 minutes on 2 CPU cores), pass "
+                "`annotated-transformer train multi30k-cpu` (about 24 minutes on 2 CPU cores), pass "
                 "--checkpoint, or measure training only with --no-translation"
             )
         checkpoint, _ = resolve_checkpoints(args.checkpoint or [RUNS / "multi30k-cpu"], None)

@@ -236,7 +236,7 @@ RECIPE_DESCRIPTIONS = {
     "copy": "the training chapter's copy task, a small model; under a minute on a 2-core CPU",
     "multi30k-gpu": "the paper's base model on Multi30k, German to English; for a GPU (on a CPU: multi30k-cpu)",
     "multi30k-cpu": ("the results chapter's translator, Multi30k German to English, 4,000 shared subwords; about "
-                     "25 minutes on 2 CPU cores with bf16 instructions (longer without them)"),
+                     "24 minutes on 2 CPU cores with bf16 instructions (longer without them)"),
     "multi30k-tiny": "a small model of word vocabularies (2 layers of width 128, 500 updates), the book's live run; a "
                      "few minutes on 2 CPU cores (it does not translate well)",
     "wmt14-base": "the paper's base model on WMT14 English to German (after `prepare wmt14-en-de`); for GPUs (the "

@@ -77,7 +77,7 @@ def test_train_help_lists_the_recipes_their_settings_and_the_environment(capsys,
     flat = " ".join(help_text.split())  # as wrapped, words are separated by line breaks too
     for name, description in RECIPE_DESCRIPTIONS.items():
         assert f"{name} {description}" in flat
-    assert "under a minute on a 2-core CPU" in flat and "about 25 minutes on 2 CPU cores with bf16" in flat
+    assert "under a minute on a 2-core CPU" in flat and "about 24 minutes on 2 CPU cores with bf16" in flat
     assert "steps=1234" in flat and "steps=1200" not in flat
     assert "d_model=64" in flat and "direction=de-en" in flat  # the recipes' own values
     for field in dataclasses.fields(Recipe):

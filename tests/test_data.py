@@ -3,23 +3,32 @@ what is said without a network, line readers, and Multi30k's published files."""
 
 import gzip
 import hashlib
+import itertools
 import os
+import random
 import threading
 import time
 from pathlib import Path
 
 import pytest
+from conftest import needs_mirror
 
 from annotated_transformer import data
 from annotated_transformer.data import (
     MULTI30K_SHA256,
+    TATOEBA_SHA256,
+    TATOEBA_SPLITS,
     DataError,
+    TatoebaPair,
     data_dir,
     fetch,
     iter_lines,
     load_multi30k,
     read_lines,
     read_parallel,
+    read_tatoeba,
+    split_tatoeba,
+    tatoeba_pairs,
 )
 
 
@@ -133,6 +142,86 @@ def test_multi30k_has_the_published_sizes_and_checksums():
         load_multi30k("test", "de-fr")
     with pytest.raises(ValueError, match="unknown Multi30k split"):
         load_multi30k("dev")
+
+
+# Tatoeba's Chinese-English pairs
+
+ATTRIBUTION = "CC-BY 2.0 (France) Attribution: tatoeba.org #1 (a) & #2 (b)"
+
+
+def test_tatoeba_file_byte_order_mark_blank_lines_and_attribution(tmp_path):
+    path = tmp_path / "cmn.txt"
+    path.write_bytes(f"\ufeffHi.\t嗨。\t{ATTRIBUTION}\r\n\nRun!\t  你用跑的。 \t{ATTRIBUTION}\n\n".encode())
+    assert read_tatoeba(path) == [
+        TatoebaPair("Hi.", "嗨。", ATTRIBUTION),
+        TatoebaPair("Run!", "你用跑的。", ATTRIBUTION),
+    ]
+    path.write_bytes(f"Hi.\t嗨。\t{ATTRIBUTION}\nHello.\t你好。\n".encode())  # the attribution missing
+    with pytest.raises(DataError, match=r"cmn\.txt, line 2: not a Tatoeba pair .*'Hello\.\\t你好。'"):
+        read_tatoeba(path)
+    path.write_bytes("Hi.\t嗨。\t".encode()[:-4] + b"\xff\n")  # cut inside a character
+    with pytest.raises(DataError, match="not UTF-8 text"):
+        read_tatoeba(path)
+
+
+def crossing(splits) -> list:
+    "The sentences found on two sides of `splits`."
+    return [
+        (a, b, lang, s)
+        for a, b in itertools.combinations(splits, 2)
+        for lang in ("en", "zh")
+        for s in {getattr(p, lang) for p in splits[a]} & {getattr(p, lang) for p in splits[b]}
+    ]
+
+
+def test_split_keeps_every_group_of_pairs_that_share_a_sentence_on_one_side():
+    rng = random.Random(0)
+    # 600 pairs in chains of 1 to 6: in a chain, pair i shares its English sentence with pair i + 1 when i is even,
+    # its Chinese one when i is odd, so that only the whole chain keeps every sentence on one side
+    pairs, n = [], 0
+    while len(pairs) < 600:
+        size = rng.randint(1, 6)
+        pairs += [TatoebaPair(f"E{n + i // 2}", f"Z{n + (i + 1) // 2}", ATTRIBUTION) for i in range(size)]
+        n += size + 1
+    splits = split_tatoeba(pairs, held_out=100)
+    assert crossing(splits) == [] and sum(map(len, splits.values())) == len(pairs)
+    assert all(100 <= len(splits[s]) < 106 for s in ("valid", "test")), {s: len(p) for s, p in splits.items()}
+    # the text alone decides: another order of the same pairs gives the same split, each in the file's order
+    shuffled = rng.sample(pairs, len(pairs))
+    again = split_tatoeba(shuffled, held_out=100)
+    assert {s: set(p) for s, p in again.items()} == {s: set(p) for s, p in splits.items()}
+    assert again["test"] == [p for p in shuffled if p in set(splits["test"])]
+    with pytest.raises(ValueError, match="leave none for training"):
+        split_tatoeba(pairs[:150], held_out=100)
+    with pytest.raises(ValueError, match="held_out must be a positive integer"):
+        split_tatoeba(pairs, held_out=0)
+
+
+def test_a_damaged_or_truncated_tatoeba_download_is_refused(tmp_path, cache, monkeypatch):
+    (tmp_path / "mirror" / "tatoeba").mkdir(parents=True)
+    monkeypatch.setenv("AT_MIRROR", str(tmp_path / "mirror"))
+    whole = f"\ufeffHi.\t嗨。\t{ATTRIBUTION}\n".encode() * 50
+    for damaged in (whole[: len(whole) // 2], whole.replace("嗨".encode(), b"??!")):  # cut short; bytes changed
+        (tmp_path / "mirror" / "tatoeba" / "cmn.txt").write_bytes(damaged)
+        with pytest.raises(DataError, match="not the expected file .* it was not kept"):
+            tatoeba_pairs("test")
+        assert [p.name for p in (cache / "tatoeba").iterdir()] == [".lock"]
+    with pytest.raises(ValueError, match="unknown Tatoeba split 'dev'"):
+        tatoeba_pairs("dev")
+
+
+@needs_mirror
+def test_tatoeba_splits_of_the_real_file():
+    splits = {split: tatoeba_pairs(split) for split in TATOEBA_SPLITS}
+    assert {s: len(p) for s, p in splits.items()} == {"train": 27_155, "valid": 1_000, "test": 1_000}
+    assert crossing(splits) == []
+    assert all(p.attribution.startswith("CC-BY 2.0 (France) Attribution: tatoeba.org #") for p in splits["train"])
+    zh_en, en_zh = data.load_tatoeba("valid", "zh-en"), data.load_tatoeba("valid", "en-zh")
+    assert zh_en[0] == en_zh[0][::-1] == (splits["valid"][0].zh, splits["valid"][0].en)
+    with pytest.raises(ValueError, match="direction 'zh-en' or 'en-zh'"):
+        data.load_tatoeba("valid", "zh-de")
+    path = fetch("tatoeba", "cmn.txt", TATOEBA_SHA256, "https://example.invalid")
+    assert path.read_bytes().startswith(b"\xef\xbb\xbfHi.\t") and path.read_bytes().endswith(b")\n\n")
 
 
 # AT_DATA_DIR

@@ -5,11 +5,12 @@ cached, and usable without a network through a local mirror."""
 
 # %% auto #0
 __all__ = ['MULTI30K_URL', 'MULTI30K_SPLITS', 'MULTI30K_SHA256', 'MULTI30K_TERMS', 'TATOEBA_URL', 'TATOEBA_SHA256',
-           'TATOEBA_TERMS', 'TATOEBA_SPLITS', 'TATOEBA_HELD_OUT', 'WMT14_URL', 'WMT14_CORPORA', 'WMT14_TEXT_FILES',
-           'NEWSTEST2014_FILTERED', 'WMT14_TERMS', 'WMT14_TEST_SETS', 'DataError', 'data_dir', 'file_sha256',
-           'show_terms', 'fetch', 'iter_lines', 'read_lines', 'read_parallel', 'atomic_file', 'write_json', 'read_json',
-           'progress_shown', 'with_progress', 'load_multi30k', 'TatoebaPair', 'read_tatoeba', 'split_tatoeba',
-           'tatoeba_pairs', 'load_tatoeba', 'wmt14_file', 'load_wmt14_test', 'read_corpus']
+           'TATOEBA_TERMS', 'TATOEBA_SPLITS', 'TATOEBA_HELD_OUT', 'PARALLEL_DATA', 'WMT14_URL', 'WMT14_CORPORA',
+           'WMT14_TEXT_FILES', 'NEWSTEST2014_FILTERED', 'WMT14_TERMS', 'WMT14_TEST_SETS', 'DataError', 'data_dir',
+           'file_sha256', 'show_terms', 'fetch', 'iter_lines', 'read_lines', 'read_parallel', 'atomic_file',
+           'write_json', 'read_json', 'progress_shown', 'with_progress', 'load_multi30k', 'TatoebaPair', 'read_tatoeba',
+           'split_tatoeba', 'tatoeba_pairs', 'load_tatoeba', 'load_pairs', 'wmt14_file', 'load_wmt14_test',
+           'read_corpus']
 
 # %% ../book/a1_data.ipynb #21b5f483
 import contextlib
@@ -379,6 +380,22 @@ def load_tatoeba(split: str = "train", direction: str = "zh-en") -> list[tuple[s
                          f"{direction!r}")
     pairs = tatoeba_pairs(split)
     return [(p.zh, p.en) for p in pairs] if direction == "zh-en" else [(p.en, p.zh) for p in pairs]
+
+# %% ../book/a1_data.ipynb #7a1c0e10
+# The parallel data sets a translation task trains on: each one's loader, (split, direction) -> pairs, and its
+# directions, the first being the default.
+PARALLEL_DATA = {
+    "multi30k": (load_multi30k, ("de-en", "en-de")),
+    "tatoeba": (load_tatoeba, ("zh-en", "en-zh")),
+}
+
+
+def load_pairs(dataset: str, split: str, direction: str | None = None) -> list[tuple[str, str]]:
+    "The (source, target) pairs of a split of `dataset`, a name in `PARALLEL_DATA`, in `direction` (default: its first)."
+    if dataset not in PARALLEL_DATA:
+        raise ValueError(f"unknown data set {dataset!r}; the parallel ones are {', '.join(PARALLEL_DATA)}")
+    load, directions = PARALLEL_DATA[dataset]
+    return load(split, direction or directions[0])
 
 # %% ../book/a1_data.ipynb #294221ff
 WMT14_URL = "https://www.statmt.org"

@@ -156,8 +156,9 @@ def add_evaluate(commands) -> None:
     "The `evaluate` command's arguments."
     evaluate_cmd = commands.add_parser(
         "evaluate",
-        help="BLEU of a trained model on a Multi30k split, or on newstest2014",
-        description="Translate a Multi30k split (a WMT14 model: newstest2014) with beam search and print sacreBLEU "
+        help="BLEU of a trained model on a Multi30k or Tatoeba split, or on newstest2014",
+        description="Translate a split of the model's data set, Multi30k or Tatoeba (a WMT14 model: newstest2014), "
+        "with beam search and print sacreBLEU "
         "(with its signature) and chrF. "
         "With a checkpoint of a run, the scores also go into the run's summary.json and into --results.",
     )
@@ -166,7 +167,7 @@ def add_evaluate(commands) -> None:
         "--split",
         default="test",
         choices=["valid", "test"],
-        help="default: test (test2016); a WMT14 model is always scored on newstest2014",
+        help="default: test (Multi30k's test2016); a WMT14 model is always scored on newstest2014",
     )
     evaluate_cmd.add_argument(
         "--results", type=Path, default=Path("results"), help="folder for the results file (default: results)"
@@ -213,12 +214,12 @@ def run_evaluate(args) -> dict:
         translator = Translator(model_from_state(state, paths[-1], device), state.get("vocab", {}), device=device)
         if translator.dataset is None:  # a model of symbols: the copy task's own score is in its run's summary.json
             raise ValueError(f"{paths[-1]}: a model of no data set with a test split (such as the copy task); "
-                             "evaluate scores translators of Multi30k or WMT14")
+                             "evaluate scores translators of Multi30k, Tatoeba or WMT14")
         split = "newstest2014" if translator.dataset == "wmt14" else args.split
         if run_dir is not None:  # whatever would stop the recording stops the command now, not after the work
             result_path(run_dir, translator.direction, split, decoding_variant(args.beam_size, args.alpha,
                                                                                 args.extra_len), args.results)
-        what = "newstest2014" if translator.dataset == "wmt14" else f"Multi30k {split}"
+        what = "newstest2014" if translator.dataset == "wmt14" else f"{translator.dataset.capitalize()} {split}"
         print(f"annotated-transformer: translating {what} with beam {args.beam_size}, alpha {args.alpha}, on "
               f"{translator.device} (minutes on a CPU)", file=sys.stderr, flush=True)  # nothing else shows for a while
         if translator.dataset == "wmt14":  # a WMT14 model: newstest2014, full and filtered
@@ -233,10 +234,11 @@ def run_evaluate(args) -> dict:
             evaluation = evaluate_translator(translator, split, args.beam_size, args.alpha, args.extra_len)
             report = (
                 f"{evaluation['bleu_detail']} ({evaluation['bleu_signature']})\n"
-                f"chrF {evaluation['chrf']} ({evaluation['chrf_signature']})\n"
-                f"tokenized, lowercased BLEU (older tutorials' number; not comparable): "
-                f"{evaluation['tokenized_lowercase_bleu']}"
+                f"chrF {evaluation['chrf']} ({evaluation['chrf_signature']})"
             )
+            if "tokenized_lowercase_bleu" in evaluation:  # none for Chinese: spaCy's words are not how it is read
+                report += ("\ntokenized, lowercased BLEU (older tutorials' number; not comparable): "
+                           f"{evaluation['tokenized_lowercase_bleu']}")
         evaluation["checkpoints"], evaluation["steps"] = [p.name for p in paths], state["step"]  # what was scored
         if "elapsed_s" in state:  # one checkpoint of a run: the training time it took to reach it
             evaluation["training_wall_time_s"] = state["elapsed_s"]

@@ -264,6 +264,7 @@ class Task:
 TASKS = {
     "copy": "annotated_transformer.training:copy_data",
     "multi30k": "annotated_transformer.translation:multi30k_data",
+    "tatoeba": "annotated_transformer.translation:tatoeba_data",
     "wmt14": "annotated_transformer.wmt:wmt14_data",
 }
 

@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import needs_mirror
 
-from annotated_transformer import make_model
+from annotated_transformer import TransformerConfig, make_model
 from annotated_transformer.attention import subsequent_mask
 from annotated_transformer.checkpoints import save_checkpoint
-from annotated_transformer.data import load_multi30k
+from annotated_transformer.data import load_multi30k, load_tatoeba
 from annotated_transformer.recipes import RECIPES, load_task
 from annotated_transformer.runs import record_result
 from annotated_transformer.text import SPECIALS, UNK, SubwordCodec, Subwords, Vocab, WordCodec, WordTokenizer
@@ -29,9 +30,11 @@ from annotated_transformer.translation import (
     Translator,
     average_checkpoints,
     beam_search,
+    bleu_tokenizer,
     corpus_scores,
     decode_batches,
     decoding_variant,
+    evaluate_translator,
     greedy_search,
     length_penalty,
 )
@@ -285,6 +288,16 @@ def test_corpus_scores_use_sacrebleu_defaults_and_label_the_tokenized_score():
         corpus_scores(refs[:1], refs)
 
 
+def test_bleu_into_chinese_counts_characters():
+    assert bleu_tokenizer("en-zh") == "zh" and bleu_tokenizer("zh-en") == bleu_tokenizer("en-de") == "13a"
+    refs = ["我累死了。", "他跑了。"]
+    perfect = corpus_scores(refs, refs, tokenize="zh")
+    assert perfect["bleu"] == 100.0 and "tok:zh" in perfect["bleu_signature"]
+    # one character of the first sentence wrong: for 13a each sentence is one word, and the first earns nothing
+    hypotheses = ["我累坏了。", "他跑了。"]
+    assert corpus_scores(hypotheses, refs)["bleu"] == 0.0 < corpus_scores(hypotheses, refs, tokenize="zh")["bleu"]
+
+
 # Results files
 
 
@@ -411,6 +424,33 @@ def test_multi30k_with_subwords_is_one_vocabulary_for_both_languages_and_directi
     assert model.src_embed[0].lut.weight is model.tgt_embed[0].lut.weight is model.generator.proj.weight
 
 
+@needs_mirror
+def test_tatoeba_is_a_subword_task_in_both_directions_scored_by_characters_into_chinese():
+    zh_en = dataclasses.replace(RECIPES["multi30k-cpu"], task="tatoeba", direction="zh-en")
+    with pytest.raises(ValueError, match="the tatoeba task needs subwords"):
+        load_task(zh_en.replace(subwords=None))
+    task, other = load_task(zh_en), load_task(zh_en.replace(direction="en-zh"))
+    assert task.vocab["dataset"] == "tatoeba" and task.vocab["model"] == other.vocab["model"]
+    assert (len(task.train), len(task.valid)) == (27_155, 1_000) and other.valid[0] == (
+        task.valid[0][1][1:],
+        [BOS] + task.valid[0][0],
+    )
+    subwords = Subwords(task.vocab["model"])
+    chinese, english = load_tatoeba("valid")[0]
+    assert subwords.decode(task.valid[0][0][:-1]) == chinese and subwords.decode(task.valid[0][1][1:-1]) == english
+    torch.manual_seed(0)
+    config = TransformerConfig(N=1, d_model=32, d_ff=64, h=4)
+    for t, tokenize in (
+        (task, "13a"),
+        (other, "zh"),
+    ):  # an untrained model: the scores are low, their kind is what counts
+        translator = Translator(make_model(t.src_vocab, t.tgt_vocab, config), t.vocab)
+        result = evaluate_translator(translator, "valid", beam_size=1, extra_len=1)
+        assert result["dataset"] == "tatoeba" and len(result["hypotheses"]) == 1_000
+        assert f"tok:{tokenize}" in result["bleu_signature"]
+        assert ("tokenized_lowercase_bleu" in result) == (tokenize == "13a")  # spaCy's words: English only
+
+
 def test_a_subword_run_translates_and_is_evaluated_on_multi30k(tiny_subword_run, tmp_path, monkeypatch, capsys):
     from annotated_transformer import translation
     from annotated_transformer.cli import main
@@ -424,7 +464,7 @@ def test_a_subword_run_translates_and_is_evaluated_on_multi30k(tiny_subword_run,
     out = translator.translate(["Ein Hund.", "", "Ein Zorblax!"], beam_size=2)
     assert len(out) == 3 and out[1] == "" and all(isinstance(o, str) and "\n" not in o for o in out)
     few = load_multi30k("valid")[:12]  # the command scores Multi30k (not newstest2014), here on 12 sentences
-    monkeypatch.setattr(translation, "load_multi30k", lambda split, direction: few)
+    monkeypatch.setattr(translation, "load_pairs", lambda dataset, split, direction: few)
     assert main(["evaluate", "--checkpoint", str(run_dir), "--split", "valid", "--results", str(tmp_path)]) == 0
     out, err = capsys.readouterr()
     assert "tokenized, lowercased BLEU" in out

@@ -25,6 +25,7 @@ _MODULES = {  # module: the public names it exports through the package
         "load_multi30k",
         "load_pairs",
         "load_tatoeba",
+        "tatoeba_pairs",
         "load_wmt14_test",
         "read_lines",
     ],

@@ -13,6 +13,7 @@ __all__ = ['MULTI30K_URL', 'MULTI30K_SPLITS', 'MULTI30K_SHA256', 'MULTI30K_TERMS
            'read_corpus']
 
 # %% ../book/a1_data.ipynb #21b5f483
+import codecs
 import contextlib
 import contextvars
 import functools
@@ -302,11 +303,12 @@ def read_tatoeba(path) -> list[TatoebaPair]:
     attribution). A byte-order mark at the start is no part of the first sentence, a blank line (the file ends with
     one) holds no pair, and each field's whitespace is normalised to single spaces. Any other line is a DataError
     that names it."""
+    data = Path(path).read_bytes()
+    start = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0
     try:
-        with open(path, encoding="utf-8-sig", newline="") as f:  # newline="": split at "\n" only, below
-            text = f.read()
+        text = data[start:].decode("utf-8")
     except UnicodeDecodeError as err:
-        raise DataError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+        raise DataError(f"{path}: not UTF-8 text ({err.reason} at byte {start + err.start})") from None
     pairs = []
     for number, line in enumerate(text.split("\n"), 1):
         if not line.strip():
@@ -362,7 +364,7 @@ def split_tatoeba(pairs: list[TatoebaPair], held_out: int = TATOEBA_HELD_OUT) ->
 @functools.lru_cache(maxsize=1)
 def _tatoeba_splits(path: str) -> dict[str, list[TatoebaPair]]:
     "The splits of the verified file at `path` (it is always the same file: fetch checked its sha256)."
-    return split_tatoeba(read_tatoeba(path))
+    return split_tatoeba(read_tatoeba(path))  # tatoeba_pairs hands out copies of its lists
 
 
 def tatoeba_pairs(split: str = "train") -> list[TatoebaPair]:
@@ -370,7 +372,7 @@ def tatoeba_pairs(split: str = "train") -> list[TatoebaPair]:
     Downloaded and verified on first use (see `fetch`)."""
     if split not in TATOEBA_SPLITS:
         raise ValueError(f"unknown Tatoeba split {split!r}; the splits are {', '.join(TATOEBA_SPLITS)}")
-    return _tatoeba_splits(str(fetch("tatoeba", "cmn.txt", TATOEBA_SHA256, TATOEBA_URL, TATOEBA_TERMS)))[split]
+    return list(_tatoeba_splits(str(fetch("tatoeba", "cmn.txt", TATOEBA_SHA256, TATOEBA_URL, TATOEBA_TERMS)))[split])
 
 
 def load_tatoeba(split: str = "train", direction: str = "zh-en") -> list[tuple[str, str]]:

@@ -6,7 +6,7 @@ with spaCy and a vocabulary per language, subwords with SentencePiece, and one i
 # %% auto #0
 __all__ = ['PAD', 'BOS', 'EOS', 'UNK', 'SPECIALS', 'WordTokenizer', 'Vocab', 'tokenized_multi30k', 'Subwords', 'dataset_subwords',
            'multi30k_subwords', 'WordCodec', 'SubwordCodec', 'SymbolCodec', 'vocab_problem', 'text_codec',
-           'repeats_a_word']
+           'translation_task', 'repeats_a_word']
 
 # %% ../book/a6_text.ipynb #ac05d26b
 import contextlib
@@ -17,8 +17,8 @@ import re
 import sys
 from collections import Counter
 
-from .data import load_multi30k, load_pairs, with_progress
-from .recipes import DIRECTION
+from .data import PARALLEL_DATA, load_multi30k, load_pairs, with_progress
+from .recipes import DIRECTION, Recipe, Task
 
 # %% ../book/a6_text.ipynb #e4ea24cc
 PAD, BOS, EOS, UNK = 0, 1, 2, 3
@@ -310,6 +310,36 @@ def text_codec(vocab: dict) -> WordCodec | SubwordCodec | SymbolCodec:
         raise ValueError(f"this checkpoint's vocabulary is of the kind {kind!r}, which this version of the "
                          f"package does not read (it reads {', '.join(codecs)}); a newer version may")
     return codecs[kind](vocab)
+
+# %% ../book/a6_text.ipynb #b7e2a6c2
+def translation_task(recipe: Recipe, dataset: str, evaluation) -> Task:
+    """The sentence pairs of `dataset` (a name in `PARALLEL_DATA`) as a `Task` of token ids, in `recipe.direction`
+    (default: the data set's first). Vocabularies come from the training split only: with `recipe.subwords`, one
+    SentencePiece vocabulary of that many pieces for both languages (`dataset_subwords`; the model then shares one
+    embedding matrix, §3.4); without, a word vocabulary per language (words seen `recipe.min_freq` times or more;
+    Multi30k only). `evaluation(vocab, valid_pairs)` makes the task's final check, a callable(model, device) -> dict."""
+    direction = recipe.direction or PARALLEL_DATA[dataset][1][0]
+    if not recipe.subwords and dataset != "multi30k":
+        raise ValueError(f"the {dataset} task needs subwords (a SentencePiece vocabulary, e.g. subwords=4000): its "
+                         "text is not cut into words here (Chinese has no spaces between them)")
+    raw = {split: load_pairs(dataset, split, direction) for split in ("train", "valid")}
+    if recipe.subwords:
+        subwords = dataset_subwords(dataset, recipe.subwords)
+        ids = {split: [subwords.encode([" ".join(x.split()) for x in side]) for side in zip(*pairs)]
+               for split, pairs in raw.items()}
+        vocab = {"kind": "sentencepiece", "dataset": dataset, "direction": direction, "model": subwords.model}
+        sizes = (len(subwords),) * 2
+    else:
+        tokens = {split: tokenized_multi30k(split, direction) for split in ("train", "valid")}
+        src_vocab, tgt_vocab = (Vocab.build(side, recipe.min_freq) for side in tokens["train"])
+        ids = {split: [[src_vocab.encode(s) for s in src], [tgt_vocab.encode(t) for t in tgt]]
+               for split, (src, tgt) in tokens.items()}
+        vocab = {"kind": "words", "dataset": dataset, "direction": direction, "src": src_vocab.itos, "tgt": tgt_vocab.itos}
+        sizes = (len(src_vocab), len(tgt_vocab))
+    limit = recipe.model.max_len - 1  # positions: the target needs room for <s> ... </s>
+    pairs = {split: [(s[:limit - 1] + [EOS], [BOS] + t[:limit - 1] + [EOS]) for s, t in zip(*ids[split])] for split in ids}
+    return Task(train=pairs["train"], valid=pairs["valid"], src_vocab=sizes[0], tgt_vocab=sizes[1], vocab=vocab,
+                evaluate=evaluation(vocab, raw["valid"]))
 
 # %% ../book/a6_text.ipynb #6e3f9a52
 _REPEATED_WORD = re.compile(r"(?<![\w<])(<?[^\W\d_][\w'-]*>?)(?:\s+\1(?![\w>])){3,}", flags=re.IGNORECASE)

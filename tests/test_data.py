@@ -159,8 +159,8 @@ def test_tatoeba_file_byte_order_mark_blank_lines_and_attribution(tmp_path):
     path.write_bytes(f"Hi.\t嗨。\t{ATTRIBUTION}\nHello.\t你好。\n".encode())  # the attribution missing
     with pytest.raises(DataError, match=r"cmn\.txt, line 2: not a Tatoeba pair .*'Hello\.\\t你好。'"):
         read_tatoeba(path)
-    path.write_bytes("Hi.\t嗨。\t".encode()[:-4] + b"\xff\n")  # cut inside a character
-    with pytest.raises(DataError, match="not UTF-8 text"):
+    path.write_bytes(("\ufeffHi.\t嗨。\t".encode())[:-5] + b"\n")  # cut inside 嗨, which starts at byte 7
+    with pytest.raises(DataError, match="not UTF-8 text .* at byte 7"):
         read_tatoeba(path)
 
 
@@ -210,11 +210,26 @@ def test_a_damaged_or_truncated_tatoeba_download_is_refused(tmp_path, cache, mon
         tatoeba_pairs("dev")
 
 
+def test_load_pairs_reads_a_data_set_by_name_in_its_default_direction(monkeypatch):
+    calls = []
+    monkeypatch.setitem(
+        data.PARALLEL_DATA,
+        "demo",
+        (lambda split, direction: calls.append((split, direction)) or [("a", "b")], ("xx-yy", "yy-xx")),
+    )
+    assert data.load_pairs("demo", "valid") == [("a", "b")] and data.load_pairs("demo", "test", "yy-xx") == [("a", "b")]
+    assert calls == [("valid", "xx-yy"), ("test", "yy-xx")]
+    with pytest.raises(ValueError, match="unknown data set 'europarl'; the parallel ones are multi30k, tatoeba"):
+        data.load_pairs("europarl", "train")
+
+
 @needs_mirror
 def test_tatoeba_splits_of_the_real_file():
     splits = {split: tatoeba_pairs(split) for split in TATOEBA_SPLITS}
     assert {s: len(p) for s, p in splits.items()} == {"train": 27_155, "valid": 1_000, "test": 1_000}
     assert crossing(splits) == []
+    splits["test"].clear()  # a caller's change to its list leaves the loader's own alone
+    assert len(tatoeba_pairs("test")) == 1_000
     assert all(p.attribution.startswith("CC-BY 2.0 (France) Attribution: tatoeba.org #") for p in splits["train"])
     zh_en, en_zh = data.load_tatoeba("valid", "zh-en"), data.load_tatoeba("valid", "en-zh")
     assert zh_en[0] == en_zh[0][::-1] == (splits["valid"][0].zh, splits["valid"][0].en)

@@ -293,9 +293,10 @@ def test_bleu_into_chinese_counts_characters():
     refs = ["我累死了。", "他跑了。"]
     perfect = corpus_scores(refs, refs, tokenize="zh")
     assert perfect["bleu"] == 100.0 and "tok:zh" in perfect["bleu_signature"]
-    # one character of the first sentence wrong: for 13a each sentence is one word, and the first earns nothing
-    hypotheses = ["我累坏了。", "他跑了。"]
-    assert corpus_scores(hypotheses, refs)["bleu"] == 0.0 < corpus_scores(hypotheses, refs, tokenize="zh")["bleu"]
+    # 13a finds no space in a Chinese sentence: each is one word, with no word pairs to count, and even a perfect
+    # translation scores 0; zh counts characters, and one wrong character costs some of the score
+    assert corpus_scores(refs, refs)["bleu"] == 0.0
+    assert 0.0 < corpus_scores(["我累坏了。", "他跑了。"], refs, tokenize="zh")["bleu"] < 100.0
 
 
 # Results files
@@ -425,7 +426,9 @@ def test_multi30k_with_subwords_is_one_vocabulary_for_both_languages_and_directi
 
 
 @needs_mirror
-def test_tatoeba_is_a_subword_task_in_both_directions_scored_by_characters_into_chinese():
+def test_tatoeba_is_a_subword_task_in_both_directions_scored_by_characters_into_chinese(tmp_path, capsys):
+    from annotated_transformer.cli import main
+
     zh_en = dataclasses.replace(RECIPES["multi30k-cpu"], task="tatoeba", direction="zh-en")
     with pytest.raises(ValueError, match="the tatoeba task needs subwords"):
         load_task(zh_en.replace(subwords=None))
@@ -440,15 +443,26 @@ def test_tatoeba_is_a_subword_task_in_both_directions_scored_by_characters_into_
     assert subwords.decode(task.valid[0][0][:-1]) == chinese and subwords.decode(task.valid[0][1][1:-1]) == english
     torch.manual_seed(0)
     config = TransformerConfig(N=1, d_model=32, d_ff=64, h=4)
-    for t, tokenize in (
-        (task, "13a"),
-        (other, "zh"),
-    ):  # an untrained model: the scores are low, their kind is what counts
-        translator = Translator(make_model(t.src_vocab, t.tgt_vocab, config), t.vocab)
-        result = evaluate_translator(translator, "valid", beam_size=1, extra_len=1)
-        assert result["dataset"] == "tatoeba" and len(result["hypotheses"]) == 1_000
-        assert f"tok:{tokenize}" in result["bleu_signature"]
-        assert ("tokenized_lowercase_bleu" in result) == (tokenize == "13a")  # spaCy's words: English only
+    model = make_model(task.src_vocab, task.tgt_vocab, config)  # untrained: the scores are low, their kind counts
+    result = evaluate_translator(Translator(model, task.vocab), "valid", beam_size=1, extra_len=1)
+    assert result["dataset"] == "tatoeba" and len(result["hypotheses"]) == 1_000
+    assert "tok:13a" in result["bleu_signature"] and "tokenized_lowercase_bleu" in result
+    # into Chinese, through the command: sacreBLEU's zh tokenizer, and no tokenized BLEU of spaCy's words
+    path = save_checkpoint(
+        tmp_path / "step-000001.pt",
+        {
+            "config": dataclasses.asdict(config),
+            "model": model.state_dict(),
+            "step": 1,
+            "src_vocab": other.src_vocab,
+            "tgt_vocab": other.tgt_vocab,
+            "vocab": other.vocab,
+        },
+    )
+    args = ["--checkpoint", str(path), "--split", "valid", "--beam-size", "1", "--extra-len", "1"]
+    assert main(["evaluate", *args, "--results", str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    assert "translating Tatoeba valid with beam 1" in err and "tok:zh" in out and "tokenized" not in out
 
 
 def test_a_subword_run_translates_and_is_evaluated_on_multi30k(tiny_subword_run, tmp_path, monkeypatch, capsys):
@@ -464,11 +478,13 @@ def test_a_subword_run_translates_and_is_evaluated_on_multi30k(tiny_subword_run,
     out = translator.translate(["Ein Hund.", "", "Ein Zorblax!"], beam_size=2)
     assert len(out) == 3 and out[1] == "" and all(isinstance(o, str) and "\n" not in o for o in out)
     few = load_multi30k("valid")[:12]  # the command scores Multi30k (not newstest2014), here on 12 sentences
-    monkeypatch.setattr(translation, "load_pairs", lambda dataset, split, direction: few)
+    asked = []
+    monkeypatch.setattr(translation, "load_pairs", lambda *args: asked.append(args) or few)
     assert main(["evaluate", "--checkpoint", str(run_dir), "--split", "valid", "--results", str(tmp_path)]) == 0
     out, err = capsys.readouterr()
     assert "tokenized, lowercased BLEU" in out
     assert "translating Multi30k valid with beam 4, alpha 0.6, on cpu" in err  # said before the long silent part
+    assert asked == [("multi30k", "valid", "de-en")]
     result = json.loads((tmp_path / "multi30k-cpu-de-en-valid.json").read_text())
     assert result["dataset"] == "multi30k" and result["split"] == "valid" and result["recipe_settings"]["subwords"]
 

@@ -25,9 +25,9 @@ _MODULES = {  # module: the public names it exports through the package
         "load_multi30k",
         "load_pairs",
         "load_tatoeba",
-        "tatoeba_pairs",
         "load_wmt14_test",
         "read_lines",
+        "tatoeba_pairs",
     ],
     "checkpoints": [
         "Checkpoint",

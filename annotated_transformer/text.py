@@ -318,10 +318,12 @@ def translation_task(recipe: Recipe, dataset: str, evaluation) -> Task:
     SentencePiece vocabulary of that many pieces for both languages (`dataset_subwords`; the model then shares one
     embedding matrix, §3.4); without, a word vocabulary per language (words seen `recipe.min_freq` times or more;
     Multi30k only). `evaluation(vocab, valid_pairs)` makes the task's final check, a callable(model, device) -> dict."""
-    direction = recipe.direction or PARALLEL_DATA[dataset][1][0]
+    if dataset not in PARALLEL_DATA:
+        raise ValueError(f"unknown data set {dataset!r}; the parallel ones are {', '.join(PARALLEL_DATA)}")
     if not recipe.subwords and dataset != "multi30k":
-        raise ValueError(f"the {dataset} task needs subwords (a SentencePiece vocabulary, e.g. subwords=4000): its "
-                         "text is not cut into words here (Chinese has no spaces between them)")
+        raise ValueError(f"the {dataset} task needs subwords (a SentencePiece vocabulary, e.g. subwords=4000): "
+                         "word vocabularies are Multi30k's only")
+    direction = recipe.direction or PARALLEL_DATA[dataset][1][0]
     raw = {split: load_pairs(dataset, split, direction) for split in ("train", "valid")}
     if recipe.subwords:
         subwords = dataset_subwords(dataset, recipe.subwords)

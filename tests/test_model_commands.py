@@ -82,7 +82,7 @@ def scored_run(tiny_run, tmp_path, monkeypatch):
     run = tmp_path / "run"
     shutil.copytree(tiny_run[0], run)
     few = load_multi30k("valid")[:12]
-    monkeypatch.setattr(translation, "load_multi30k", lambda split, direction: few)
+    monkeypatch.setattr(translation, "load_pairs", lambda dataset, split, direction: few)
     return run
 
 

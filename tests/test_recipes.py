@@ -31,7 +31,7 @@ def test_every_recipe_reads_back_from_its_plain_values():
 def test_an_unknown_task_names_the_known_ones():
     from annotated_transformer.recipes import RECIPES, load_task
 
-    with pytest.raises(ValueError, match=r"unknown task 'kopy'; the tasks are copy, multi30k, wmt14"):
+    with pytest.raises(ValueError, match=r"unknown task 'kopy'; the tasks are copy, multi30k, tatoeba, wmt14"):
         load_task(dataclasses.replace(RECIPES["copy"], task="kopy"))
 
 

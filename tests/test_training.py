@@ -564,10 +564,10 @@ def test_the_closed_form_equals_the_kl_divergence_from_the_full_target(smoothing
 
 
 def test_tasks_are_looked_up_by_name_and_data_settings_are_checked():
-    assert registered(TASKS, "copy").__name__ == "copy_data" and set(TASKS) == {"copy", "multi30k", "wmt14"}
+    assert registered(TASKS, "copy").__name__ == "copy_data" and set(TASKS) == {"copy", "multi30k", "tatoeba", "wmt14"}
     task = load_task(RECIPES["copy"])
     assert isinstance(task, Task) and task.src_vocab == task.tgt_vocab == 13 and len(task.train) == 20_000
-    with pytest.raises(ValueError, match="unknown name 'nope'; the registered ones are copy, multi30k, wmt14"):
+    with pytest.raises(ValueError, match="unknown name 'nope'; the registered ones are copy, multi30k, tatoeba, wmt14"):
         registered(TASKS, "nope")
     with pytest.raises(ValueError, match="unknown task 'nope'; the tasks are .*copy"):
         load_task(dataclasses.replace(RECIPES["copy"], task="nope"))

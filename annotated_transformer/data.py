@@ -9,8 +9,8 @@ __all__ = ['MULTI30K_URL', 'MULTI30K_SPLITS', 'MULTI30K_SHA256', 'MULTI30K_TERMS
            'WMT14_TEXT_FILES', 'NEWSTEST2014_FILTERED', 'WMT14_TERMS', 'WMT14_TEST_SETS', 'DataError', 'data_dir',
            'file_sha256', 'show_terms', 'fetch', 'iter_lines', 'read_lines', 'read_parallel', 'atomic_file',
            'write_json', 'read_json', 'progress_shown', 'with_progress', 'load_multi30k', 'TatoebaPair', 'read_tatoeba',
-           'split_tatoeba', 'tatoeba_pairs', 'load_tatoeba', 'load_pairs', 'wmt14_file', 'load_wmt14_test',
-           'read_corpus']
+           'split_tatoeba', 'tatoeba_pairs', 'load_tatoeba', 'parallel_directions', 'load_pairs', 'wmt14_file',
+           'load_wmt14_test', 'read_corpus']
 
 # %% ../book/a1_data.ipynb #21b5f483
 import codecs
@@ -392,12 +392,17 @@ PARALLEL_DATA = {
 }
 
 
-def load_pairs(dataset: str, split: str, direction: str | None = None) -> list[tuple[str, str]]:
-    "The (source, target) pairs of a split of `dataset`, a name in `PARALLEL_DATA`, in `direction` (default: its first)."
+def parallel_directions(dataset: str) -> tuple[str, ...]:
+    "The directions of `dataset`, a name in `PARALLEL_DATA`, its default first; a ValueError names the known ones."
     if dataset not in PARALLEL_DATA:
         raise ValueError(f"unknown data set {dataset!r}; the parallel ones are {', '.join(PARALLEL_DATA)}")
-    load, directions = PARALLEL_DATA[dataset]
-    return load(split, direction or directions[0])
+    return PARALLEL_DATA[dataset][1]
+
+
+def load_pairs(dataset: str, split: str, direction: str | None = None) -> list[tuple[str, str]]:
+    "The (source, target) pairs of a split of `dataset`, a name in `PARALLEL_DATA`, in `direction` (default: its first)."
+    direction = direction or parallel_directions(dataset)[0]  # an unknown data set is named first
+    return PARALLEL_DATA[dataset][0](split, direction)
 
 # %% ../book/a1_data.ipynb #294221ff
 WMT14_URL = "https://www.statmt.org"

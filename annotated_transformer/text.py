@@ -17,7 +17,7 @@ import re
 import sys
 from collections import Counter
 
-from .data import PARALLEL_DATA, load_multi30k, load_pairs, with_progress
+from .data import load_multi30k, load_pairs, parallel_directions, with_progress
 from .recipes import DIRECTION, Recipe, Task
 
 # %% ../book/a6_text.ipynb #e4ea24cc
@@ -318,12 +318,10 @@ def translation_task(recipe: Recipe, dataset: str, evaluation) -> Task:
     SentencePiece vocabulary of that many pieces for both languages (`dataset_subwords`; the model then shares one
     embedding matrix, §3.4); without, a word vocabulary per language (words seen `recipe.min_freq` times or more;
     Multi30k only). `evaluation(vocab, valid_pairs)` makes the task's final check, a callable(model, device) -> dict."""
-    if dataset not in PARALLEL_DATA:
-        raise ValueError(f"unknown data set {dataset!r}; the parallel ones are {', '.join(PARALLEL_DATA)}")
+    direction = recipe.direction or parallel_directions(dataset)[0]
     if not recipe.subwords and dataset != "multi30k":
         raise ValueError(f"the {dataset} task needs subwords (a SentencePiece vocabulary, e.g. subwords=4000): "
                          "word vocabularies are Multi30k's only")
-    direction = recipe.direction or PARALLEL_DATA[dataset][1][0]
     raw = {split: load_pairs(dataset, split, direction) for split in ("train", "valid")}
     if recipe.subwords:
         subwords = dataset_subwords(dataset, recipe.subwords)

@@ -212,8 +212,9 @@ RECIPES = {
     # Tatoeba's Chinese-English pairs, both directions (the Chinese translator chapter): multi30k-cpu's settings, the
     # best of what was compared on the validation split after 1,800 updates of Chinese to English (greedy sacreBLEU
     # 18.6; dropout 0.3: 1.3; dropout 0.2 or 0.3 with 8,000 subwords: 0.7 and 0.0; on this little data more
-    # regularisation only slows the learning), trained for as many updates as 30 minutes of two CPU cores without
-    # bf16 instructions allow (float32, about 0.875 s an update). The score was still rising there: see that chapter.
+    # regularisation only slows the learning), trained for as many updates as half an hour of two CPU cores without
+    # bf16 instructions allows (float32: 1,900 updates in 25 minutes, validation included). The score was still rising
+    # there: see that chapter.
     **{direction: Recipe(
         name=direction, task="tatoeba", direction=direction, subwords=4000,
         model=TransformerConfig(N=3, d_model=256, d_ff=512, h=4, dropout=0.1, label_smoothing=0.2),
@@ -249,7 +250,7 @@ RECIPE_DESCRIPTIONS = {
                      "24 minutes on 2 CPU cores with bf16 instructions (longer without them)"),
     "multi30k-tiny": "a small model of word vocabularies (2 layers of width 128, 500 updates), the book's live run; a "
                      "few minutes on 2 CPU cores (it does not translate well)",
-    "zh-en": "the Chinese translator chapter's model, Tatoeba Chinese to English, 4,000 shared subwords; about 28 "
+    "zh-en": "the Chinese translator chapter's model, Tatoeba Chinese to English, 4,000 shared subwords; about 25 "
              "minutes on 2 CPU cores without bf16 instructions",
     "en-zh": "the same, English to Chinese",
     "wmt14-base": "the paper's base model on WMT14 English to German (after `prepare wmt14-en-de`); for GPUs (the "

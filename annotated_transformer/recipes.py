@@ -252,7 +252,7 @@ RECIPE_DESCRIPTIONS = {
                      "few minutes on 2 CPU cores (it does not translate well)",
     "zh-en": "the Chinese translator chapter's model, Tatoeba Chinese to English, 4,000 shared subwords; about 25 "
              "minutes on 2 CPU cores without bf16 instructions",
-    "en-zh": "the same, English to Chinese",
+    "en-zh": "the same model, Tatoeba English to Chinese; about 25 minutes on 2 CPU cores without bf16 instructions",
     "wmt14-base": "the paper's base model on WMT14 English to German (after `prepare wmt14-en-de`); for GPUs (the "
                   "paper: 12 hours on 8 P100s)",
     "wmt14-big": "the paper's big model on WMT14 English to German (after `prepare wmt14-en-de`); for GPUs (the "

@@ -209,12 +209,11 @@ RECIPES = {
         model=TransformerConfig(N=2, d_model=128, d_ff=256, h=4, dropout=0.1),
         max_tokens=2000, steps=500, warmup=150, factor=0.25, clip_norm=1.0, eval_every=100, checkpoint_every=50,
         keep_checkpoints=5, average_checkpoints=5),
-    # Tatoeba's Chinese-English pairs, both directions (the Chinese translator chapter): multi30k-cpu's settings, the
-    # best of what was compared on the validation split after 1,800 updates of Chinese to English (greedy sacreBLEU
-    # 18.6; dropout 0.3: 1.3; dropout 0.2 or 0.3 with 8,000 subwords: 0.7 and 0.0; on this little data more
-    # regularisation only slows the learning), trained for as many updates as half an hour of two CPU cores without
-    # bf16 instructions allows (float32: 1,900 updates in 25 minutes, validation included). The score was still rising
-    # there: see that chapter.
+    # Tatoeba's Chinese-English pairs, both directions (the Chinese translator chapter): multi30k-cpu's model, batches
+    # and schedule, the best of what was compared on the validation split after 1,800 updates of Chinese to English
+    # (greedy sacreBLEU 18.6; dropout 0.3: 1.3; dropout 0.2 or 0.3 with 8,000 subwords: 0.7 and 0.0: within 1,800
+    # updates, more regularisation slowed the learning), trained for 1,900 updates: 25 minutes of two CPU cores
+    # without bf16 instructions (float32, validation included). The score was still rising there: see that chapter.
     **{direction: Recipe(
         name=direction, task="tatoeba", direction=direction, subwords=4000,
         model=TransformerConfig(N=3, d_model=256, d_ff=512, h=4, dropout=0.1, label_smoothing=0.2),

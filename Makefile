@@ -9,13 +9,14 @@ STAMP := $(VENV)/.installed
 VENDOR := _build/vendor
 
 .DEFAULT_GOAL := help
-.PHONY: help venv requirements export check-export vendor book book-stored lint unit test bench dist clean
+.PHONY: help venv requirements export check-export vendor book book-stored gettext catalogues lint unit test bench dist clean
 
 help:
 	@echo "make test    run every test: lint, package (pytest), notebooks (nbval), export sync, book + browser check"
 	@echo "make unit    the package's tests alone, in minutes: no notebooks, book, browser, nor tests marked slow"
 	@echo "make lint    ruff check and ruff format --check over the package, the tests and the notebooks"
-	@echo "make book    build the book into _build/html, executing the notebooks (cached)"
+	@echo "make book    build the book into _build/html (English) and _build/html/zh_CN (Chinese), executing the notebooks (cached)"
+	@echo "make catalogues  bring the Chinese edition's catalogues (locales/zh_CN) in step with the English text"
 	@echo "make export  regenerate annotated_transformer/ from the notebooks in book/"
 	@echo "make venv    create $(VENV) with the pinned requirements and the package (editable)"
 	@echo "make requirements  regenerate requirements.txt from pyproject.toml (uv pip compile, keeping the pins it can)"
@@ -82,19 +83,39 @@ check-export: $(STAMP)
 vendor: $(STAMP)
 	$(PY) -c "from annotated_transformer.charts import vendor_javascript; vendor_javascript('$(VENDOR)')"
 
+# Both editions: the English one into _build/html, the Chinese one (from the catalogues in locales/) into
+# _build/html/zh_CN. The Chinese build reads the English build's execution cache, so nothing is executed twice.
+EDITION := $(PY) book/_ext/edition_config.py
+ZH := _build/editions/zh_CN
 book: vendor
 	$(BIN)/jupyter-book build -W -n --keep-going .
-	@echo "The book: $(abspath _build/html/index.html)"
+	$(EDITION) --language zh_CN > _build/config-zh_CN.yml
+	$(BIN)/jupyter-book build -W -n --keep-going --config _build/config-zh_CN.yml --path-output $(ZH) .
+	rm -rf _build/html/zh_CN && cp -r $(ZH)/_build/html _build/html/zh_CN
+	@echo "The book: $(abspath _build/html/index.html), in Chinese: $(abspath _build/html/zh_CN/index.html)"
 
 # The book rendered from the outputs stored in the notebooks (no execution): `make test` runs nbval, which
 # executes every notebook and proves those outputs reproducible, so executing them again here would only
-# double the time. The configuration written to _build/ names the local Sphinx extensions by absolute path,
-# since Jupyter Book resolves them relative to the configuration file.
-book-stored: vendor
-	$(PY) -c "import os, yaml; c = yaml.safe_load(open('_config.yml')); c['execute']['execute_notebooks'] = 'off'; \
-	ext = c['sphinx'].get('local_extensions') or {}; c['sphinx']['local_extensions'] = {k: os.path.abspath(v) for k, v in ext.items()}; \
-	yaml.safe_dump(c, open('_build/config-stored-outputs.yml', 'w'))"
+# double the time. It also extracts the English text into _build/gettext/, which the catalogues' test compares
+# with locales/.
+book-stored: vendor gettext
+	$(EDITION) --execute off > _build/config-stored-outputs.yml
 	$(BIN)/jupyter-book build -W -n --keep-going --config _build/config-stored-outputs.yml .
+	$(EDITION) --execute off --language zh_CN > _build/config-stored-zh_CN.yml
+	$(BIN)/jupyter-book build -W -n --keep-going --config _build/config-stored-zh_CN.yml --path-output $(ZH) .
+	rm -rf _build/html/zh_CN && cp -r $(ZH)/_build/html _build/html/zh_CN
+
+# The English text as gettext message templates, one per page, in _build/gettext/ (notebook outputs left out).
+gettext: vendor
+	$(EDITION) --gettext > _build/config-gettext.yml
+	$(BIN)/jupyter-book build -q -W -n --keep-going --builder custom --custom-builder gettext \
+	  --config _build/config-gettext.yml --path-output _build/editions/gettext .
+	rm -rf _build/gettext && cp -r _build/editions/gettext/_build/gettext _build/gettext
+
+# Brings the Chinese catalogues in step with the English text: a new paragraph arrives untranslated, a changed one
+# keeps its old translation marked fuzzy, a removed one goes. Translate, then `make test` checks the catalogues.
+catalogues: gettext
+	$(BIN)/sphinx-intl update --pot-dir _build/gettext --locale-dir locales --language zh_CN --line-width 0 --no-obsolete
 
 # ruff (settings in pyproject.toml): every finding, and every file that ruff format would change, fails. Both
 # run, so that one pass shows all of it; `$(BIN)/ruff format --diff .` shows the changes, and

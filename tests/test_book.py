@@ -7,6 +7,7 @@ The first tests read the sources and need no build. The last ones read the book 
 they fail, as in tests/test_browser.py.
 """
 
+import json
 import os
 import re
 from pathlib import Path
@@ -381,3 +382,57 @@ def test_no_stored_output_shows_a_degenerate_translation(notebook):
     "No output shows a decoder's loop (`repeats_a_word`)."
     found = [f"{cell}: {text[:200]!r}" for cell, text in stored_texts(notebook) if repeats_a_word(text)]
     assert found == []
+
+
+# ---- The Chinese edition (_build/html/zh_CN, built from the catalogues in locales/) --------------------------------
+
+EDITION_LINKS = re.compile(r'<p class="edition-links">(.*?)</p>', re.S)
+CJK = re.compile(r"[\u3400-\u9fff]")
+LATIN = re.compile(r"[A-Za-z]")
+
+
+def prose_text(html: str) -> str:
+    "The text of a page's article that a translator translates: no code, cell outputs, API signatures or references."
+    from bs4 import BeautifulSoup
+
+    article = BeautifulSoup(html, "html.parser").find("article")
+    # Bibliography entries name English works, as they are cited in both editions.
+    skipped = "pre, code, .cell_output, dt, .math, script, style, .edition-links, [role=doc-biblioentry]"
+    for node in article.select(skipped):
+        node.decompose()
+    return article.get_text(" ")
+
+
+@pytest.mark.parametrize("page", ["book/index", *TOC])
+def test_every_page_links_to_itself_in_the_other_edition(page):
+    english, chinese = HTML / f"{page}.html", HTML / "zh_CN" / f"{page}.html"
+    built(f"{page}.html")
+    assert chinese.is_file(), f"{page} is missing from the Chinese edition (_build/html/zh_CN)"
+    for source, other in ((english, chinese), (chinese, english)):
+        links = EDITION_LINKS.findall(source.read_text(encoding="utf-8"))
+        assert len(links) == 1, f"{source}: one line of links to the other edition"
+        href = re.search(r'href="([^"]+)"', links[0]).group(1)
+        assert (source.parent / href).resolve() == other.resolve(), f"{source} links to {href}"
+
+
+@pytest.mark.parametrize("page", ["book/index", *TOC])
+def test_chinese_pages_are_mostly_chinese(page):
+    "Of the letters of the page's prose, most are Chinese characters (code, outputs and product names stay English)."
+    built(f"{page}.html")
+    html = (HTML / "zh_CN" / f"{page}.html").read_text(encoding="utf-8")
+    assert '<html lang="zh-CN"' in html
+    text = prose_text(html)
+    chinese, latin = len(CJK.findall(text)), len(LATIN.findall(text))
+    assert chinese > latin, f"{page}: {chinese} Chinese characters, {latin} Latin letters in its prose"
+
+
+def test_the_chinese_edition_speaks_chinese_around_the_text():
+    "The theme's words (the search box, the navigation) and the book's title are Chinese too."
+    built("book/01_attention.html")
+    html = (HTML / "zh_CN" / "book" / "01_attention.html").read_text(encoding="utf-8")
+    assert 'placeholder="搜索本书……"' in html
+    assert "中文版" in re.search(r"<title>(.*?)</title>", html, re.S).group(1)
+    assert "下一页" in html and "上一页" in html
+    script = (HTML / "zh_CN" / "searchindex.js").read_text(encoding="utf-8")
+    index = json.loads(script.removeprefix("Search.setIndex(").removesuffix(")"))
+    assert {"注意力", "位置编码"} <= set(index["terms"]), "the search index holds Chinese words (jieba splits the text)"

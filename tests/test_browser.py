@@ -1,4 +1,4 @@
-"""The rendered book in a real browser: headless Chromium, no network, every equation and chart drawn.
+"""The rendered book, both editions, in a real browser: headless Chromium, no network, every equation and chart drawn.
 
 Runs after the book is built into _build/html (`make test` builds it first). Each chapter page is served
 from 127.0.0.1; any request for anything else is blocked and counts as a failure, which is how the test
@@ -12,6 +12,7 @@ import os
 import shutil
 import threading
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 import yaml
@@ -19,6 +20,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 HTML = ROOT / "_build" / "html"
 SHOTS = ROOT / "_build" / "screenshots"
+# The English edition at the root, the Chinese one in zh_CN/ (see book/_ext/book_sphinx.py).
+EDITIONS = ["", "zh_CN/"]
 CHAPTERS = [c["file"] for part in yaml.safe_load((ROOT / "_toc.yml").read_text())["parts"] for c in part["chapters"]]
 # Sphinx 7 (which jupyter-book<2 requires) registers an inline script added after the builder starts twice,
 # once as _JavaScript(None, body) and once as _JavaScript('', body), which its de-duplication sees as different.
@@ -87,8 +90,9 @@ def charts_in_notebook(chapter: str) -> int:
     )
 
 
+@pytest.mark.parametrize("edition", EDITIONS, ids=lambda e: e.strip("/") or "en")
 @pytest.mark.parametrize("chapter", ["book/index", *CHAPTERS])  # the landing page too: it shows Figure 1
-def test_chapter_renders_offline(server, browser, chapter):
+def test_chapter_renders_offline(server, browser, chapter, edition):
     page = browser.new_page(viewport={"width": 1280, "height": 900})
     problems = []
 
@@ -104,7 +108,7 @@ def test_chapter_renders_offline(server, browser, chapter):
     page.on("response", lambda r: r.status >= 400 and problems.append(f"HTTP {r.status}: {r.url}"))
     page.on("pageerror", lambda e: str(e) in KNOWN_UPSTREAM_ERRORS or problems.append(f"JavaScript error: {e}"))
 
-    page.goto(server + chapter + ".html", wait_until="load")
+    page.goto(server + edition + chapter + ".html", wait_until="load")
 
     # MathJax: every math element of the page has been typeset.
     math = page.locator(".math").count()
@@ -126,10 +130,35 @@ def test_chapter_renders_offline(server, browser, chapter):
         )
         assert not [t for t in page.locator(".at-chart").all_inner_texts() if "Chart error" in t]
 
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / f"{Path(chapter).name}.png"), full_page=True)
+    (SHOTS / edition).mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / edition / f"{Path(chapter).name}.png"), full_page=True)
     page.close()
     assert not problems, "\n".join(problems)
+
+
+def test_the_editions_link_to_each_other(server, browser):
+    "From a chapter to its Chinese page and back, by the links a reader clicks; each lands on the same chapter."
+    page = browser.new_page()
+    page.route("**/*", lambda route: route.continue_() if route.request.url.startswith(server) else route.abort())
+    page.goto(server + "book/04_encoding.html", wait_until="load")
+    page.click("a.edition-link[hreflang=zh-CN]")
+    page.wait_for_url(server + "zh_CN/book/04_encoding.html")
+    assert page.locator("html").get_attribute("lang") == "zh-CN" and "位置编码" in page.locator("h1").inner_text()
+    page.click("a.edition-link[hreflang=en]")
+    page.wait_for_url(server + "book/04_encoding.html")
+    assert page.locator("html").get_attribute("lang") == "en"
+    page.close()
+
+
+def test_chinese_search_finds_chinese_words(server, browser):
+    "The Chinese edition's search (Sphinx's zh search, its index split into words by jieba) finds a Chinese term."
+    page = browser.new_page()
+    page.route("**/*", lambda route: route.continue_() if route.request.url.startswith(server) else route.abort())
+    page.goto(server + "zh_CN/search.html?q=" + quote("位置编码"), wait_until="load")
+    page.wait_for_function("() => document.querySelectorAll('#search-results li').length > 0", timeout=30_000)
+    found = page.locator("#search-results li a").evaluate_all("links => links.map(a => a.getAttribute('href'))")
+    page.close()
+    assert any("04_encoding" in href for href in found), found
 
 
 def test_attention_chapter_has_math_and_a_chart():

@@ -51,7 +51,7 @@ def test_tags_survive_and_chapters_open_with_a_title(path):
 
 
 TOC = yaml.safe_load((ROOT / "_toc.yml").read_text(encoding="utf-8"))
-PAGES = ["book/api", "book/bibliography"]  # the Reference part: Markdown pages, not notebooks
+PAGES = ["book/api", "book/bibliography", "book/glossary"]  # the Reference part: Markdown pages, not notebooks
 
 
 def test_every_notebook_is_in_the_table_of_contents_in_file_name_order():

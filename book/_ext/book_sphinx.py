@@ -6,6 +6,12 @@ reStructuredText, which autodoc parses them as, reads |Y| as a substitution; `es
 outside code, so the API page shows the docstrings as written. A module constant is shown with its value
 unless the value is long (the checksums of `JS_ASSETS`): that one would only run off the page.
 
+Editions. The book is built in English and in Chinese from the same notebooks, the Chinese prose coming from the
+gettext catalogues under locales/ (see the page on the book's tools). Program output is not translated: the messages
+of a notebook's outputs (the Markdown tables its cells print, for one) are left out of the catalogues, which would
+otherwise have to follow every re-run, and so are displayed equations. Each page links to the same page of the other edition, which lives in the
+folder of its language (`zh_CN/`) beside the English one. Its search knows the glossary's terms as words.
+
 Citations. sphinxcontrib-bibtex's author-year style puts square brackets around citations; the book's prose
 uses round ones, "Vaswani et al. (2017)" and "(Vaswani et al., 2017; Xiong et al., 2020)". `author_year_round` is
 that style. The bibliography labels its entries the same way, [Vaswani et al., 2017], instead of pybtex's
@@ -17,12 +23,15 @@ import dataclasses
 import re
 import string
 from collections import Counter
+from pathlib import Path
 
+from docutils import nodes
 from pybtex.plugin import register_plugin as register_pybtex_plugin
 from pybtex.richtext import Text
 from pybtex.style.formatting.plain import Style as PlainStyle
 from pybtex.style.labels import BaseLabelStyle
 from sphinx.ext.autodoc import DataDocumenter
+from sphinx.transforms import SphinxTransform
 from sphinx.util.inspect import object_description
 
 from sphinxcontrib.bibtex.plugin import register_plugin
@@ -109,8 +118,65 @@ class PlainAuthorYearStyle(PlainStyle):
 register_pybtex_plugin("pybtex.style.formatting", "plain_author_year", PlainAuthorYearStyle)
 
 
+# The editions: the language Sphinx builds in, the folder of its pages below the English edition, and its name.
+EDITIONS = {"en": ("", "English"), "zh_CN": ("zh_CN/", "中文")}
+
+
+class UntranslatedOutputs(SphinxTransform):
+    """Marks notebook outputs and displayed equations as not to be translated (a formula reads the same in both
+    editions), before Sphinx's `Locale` transform (priority 20) replaces the text that is."""
+
+    default_priority = 10
+
+    def apply(self, **kwargs):
+        for node in self.document.findall(nodes.math_block):
+            node["translatable"] = False
+        for output in self.document.findall(nodes.container):
+            if "cell_output" in output["classes"]:
+                for node in output.findall(lambda n: isinstance(n, (nodes.TextElement, nodes.image))):
+                    node["translatable"] = False
+
+
+def edition_links(pagename: str, language: str) -> dict[str, str]:
+    "{language: relative address} of this page in every other edition, seen from this page in the `language` edition."
+    up = "../" * (pagename.count("/") + EDITIONS[language][0].count("/"))
+    return {lang: f"{up}{folder}{pagename}.html" for lang, (folder, _) in EDITIONS.items() if lang != language}
+
+
+def _link_editions(app, pagename, templatename, context, doctree):
+    "Opens the page's body with a link to the same page in each other edition."
+    if doctree is None or app.config.language not in EDITIONS:
+        return
+    anchors = " · ".join(
+        f'<a class="edition-link" href="{href}" hreflang="{lang.replace("_", "-")}">{EDITIONS[lang][1]}</a>'
+        for lang, href in edition_links(pagename, app.config.language).items()
+    )
+    context["body"] = f'<p class="edition-links">{anchors}</p>\n' + context["body"]
+
+
+def glossary_terms(glossary: str) -> list[str]:
+    "The Chinese terms of the glossary page's table (its second column, below the header)."
+    table = glossary.split("\n|---|---|---|\n", 1)[1]
+    return re.findall(r"^\| [^|]+? \| ([^|]+?) \|", table, flags=re.M)
+
+
+def _search_glossary_terms(app, config):
+    """Chinese search: jieba, which splits the text into the words of the search index, learns the glossary's terms,
+    so that 位置编码 is one word to search for, as well as 位置 and 编码."""
+    glossary = Path(app.srcdir) / "book" / "glossary.md"
+    if not config.language.startswith("zh") or not glossary.is_file():
+        return
+    words = Path(app.doctreedir) / "glossary-words.txt"
+    words.parent.mkdir(parents=True, exist_ok=True)
+    words.write_text("".join(f"{term}\n" for term in glossary_terms(glossary.read_text(encoding="utf-8"))))
+    config.html_search_options = {**config.html_search_options, "dict": str(words)}
+
+
 def setup(app):
     app.setup_extension("sphinx.ext.autodoc")
     app.add_autodocumenter(ShortValueDataDocumenter, override=True)
     app.connect("autodoc-process-docstring", _escape_docstring)
+    app.add_transform(UntranslatedOutputs)
+    app.connect("html-page-context", _link_editions)
+    app.connect("config-inited", _search_glossary_terms)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

@@ -433,6 +433,8 @@ def test_the_chinese_edition_speaks_chinese_around_the_text():
     assert 'placeholder="搜索本书……"' in html
     assert "中文版" in re.search(r"<title>(.*?)</title>", html, re.S).group(1)
     assert "下一页" in html and "上一页" in html
+    captions = re.findall(r'<p aria-level="2" class="caption" role="heading"><span class="caption-text">([^<]*)', html)
+    assert len(captions) == 3 and all(CJK.search(c) for c in captions), f"the parts of the contents: {captions}"
     script = (HTML / "zh_CN" / "searchindex.js").read_text(encoding="utf-8")
     index = json.loads(script.removeprefix("Search.setIndex(").removesuffix(")"))
     assert {"注意力", "位置编码"} <= set(index["terms"]), "the search index holds Chinese words (jieba splits the text)"

@@ -143,7 +143,9 @@ def test_the_editions_link_to_each_other(server, browser):
     page.goto(server + "book/04_encoding.html", wait_until="load")
     page.click("a.edition-link[hreflang=zh-CN]")
     page.wait_for_url(server + "zh_CN/book/04_encoding.html")
-    assert page.locator("html").get_attribute("lang") == "zh-CN" and "位置编码" in page.locator("h1").inner_text()
+    assert (
+        page.locator("html").get_attribute("lang") == "zh-CN" and "位置编码" in page.locator("article h1").inner_text()
+    )
     page.click("a.edition-link[hreflang=en]")
     page.wait_for_url(server + "book/04_encoding.html")
     assert page.locator("html").get_attribute("lang") == "en"

@@ -30,8 +30,11 @@ from pybtex.plugin import register_plugin as register_pybtex_plugin
 from pybtex.richtext import Text
 from pybtex.style.formatting.plain import Style as PlainStyle
 from pybtex.style.labels import BaseLabelStyle
+from sphinx import addnodes
 from sphinx.ext.autodoc import DataDocumenter
+from sphinx.locale import init as init_locale
 from sphinx.transforms import SphinxTransform
+from sphinx.util.i18n import docname_to_domain
 from sphinx.util.inspect import object_description
 
 from sphinxcontrib.bibtex.plugin import register_plugin
@@ -118,6 +121,23 @@ class PlainAuthorYearStyle(PlainStyle):
 register_pybtex_plugin("pybtex.style.formatting", "plain_author_year", PlainAuthorYearStyle)
 
 
+class TranslatedTocCaptions(SphinxTransform):
+    """Translates the captions of the table of contents ("The paper", ...), which sphinx-external-toc inserts into the
+    root page (priority 100) after Sphinx has translated the page (`Locale`, priority 20), from the same catalogue."""
+
+    default_priority = 101
+
+    def apply(self, **kwargs):
+        if self.config.language == "en":
+            return
+        domain = docname_to_domain(self.env.docname, self.config.gettext_compact)
+        dirs = [str(Path(self.env.srcdir) / d) for d in self.config.locale_dirs]
+        catalog, found = init_locale(dirs, self.config.language, domain)
+        for toctree in self.document.findall(addnodes.toctree) if found else ():
+            if toctree.get("caption"):
+                toctree["caption"] = catalog.gettext(toctree.get("rawcaption") or toctree["caption"])
+
+
 # The editions: the language Sphinx builds in, the folder of its pages below the English edition, and its name.
 EDITIONS = {"en": ("", "English"), "zh_CN": ("zh_CN/", "中文")}
 
@@ -177,6 +197,7 @@ def setup(app):
     app.add_autodocumenter(ShortValueDataDocumenter, override=True)
     app.connect("autodoc-process-docstring", _escape_docstring)
     app.add_transform(UntranslatedOutputs)
+    app.add_transform(TranslatedTocCaptions)
     app.connect("html-page-context", _link_editions)
     app.connect("config-inited", _search_glossary_terms)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

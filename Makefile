@@ -87,30 +87,34 @@ vendor: $(STAMP)
 # _build/html/zh_CN. The Chinese build reads the English build's execution cache, so nothing is executed twice.
 EDITION := $(PY) book/_ext/edition_config.py
 ZH := _build/editions/zh_CN
+JB := $(BIN)/jupyter-book build -W -n --keep-going
+JOIN_ZH := rm -rf _build/html/zh_CN && cp -r $(ZH)/_build/html _build/html/zh_CN
 book: vendor
-	$(BIN)/jupyter-book build -W -n --keep-going .
+	$(JB) .
 	$(EDITION) --language zh_CN > _build/config-zh_CN.yml
-	$(BIN)/jupyter-book build -W -n --keep-going --config _build/config-zh_CN.yml --path-output $(ZH) .
-	rm -rf _build/html/zh_CN && cp -r $(ZH)/_build/html _build/html/zh_CN
+	$(JB) --config _build/config-zh_CN.yml --path-output $(ZH) .
+	$(JOIN_ZH)
 	@echo "The book: $(abspath _build/html/index.html), in Chinese: $(abspath _build/html/zh_CN/index.html)"
 
 # The book rendered from the outputs stored in the notebooks (no execution): `make test` runs nbval, which
 # executes every notebook and proves those outputs reproducible, so executing them again here would only
 # double the time. It also extracts the English text into _build/gettext/, which the catalogues' test compares
-# with locales/.
-book-stored: vendor gettext
+# with locales/. Sphinx builds on one core: the Chinese edition builds beside the other two, its log shown after.
+book-stored: vendor
 	$(EDITION) --execute off > _build/config-stored-outputs.yml
-	$(BIN)/jupyter-book build -W -n --keep-going --config _build/config-stored-outputs.yml .
 	$(EDITION) --execute off --language zh_CN > _build/config-stored-zh_CN.yml
-	$(BIN)/jupyter-book build -W -n --keep-going --config _build/config-stored-zh_CN.yml --path-output $(ZH) .
-	rm -rf _build/html/zh_CN && cp -r $(ZH)/_build/html _build/html/zh_CN
+	$(EDITION) --gettext > _build/config-gettext.yml
+	$(JB) --config _build/config-stored-zh_CN.yml --path-output $(ZH) . > _build/zh_CN.log 2>&1 & zh=$$!; \
+	$(GETTEXT) && $(JB) --config _build/config-stored-outputs.yml .; en=$$?; \
+	wait $$zh; zh=$$?; cat _build/zh_CN.log; test $$en -eq 0 && test $$zh -eq 0
+	$(JOIN_ZH)
 
 # The English text as gettext message templates, one per page, in _build/gettext/ (notebook outputs left out).
+GETTEXT := $(JB) -q --builder custom --custom-builder gettext --config _build/config-gettext.yml \
+	--path-output _build/editions/gettext . && rm -rf _build/gettext && cp -r _build/editions/gettext/_build/gettext _build/gettext
 gettext: vendor
 	$(EDITION) --gettext > _build/config-gettext.yml
-	$(BIN)/jupyter-book build -q -W -n --keep-going --builder custom --custom-builder gettext \
-	  --config _build/config-gettext.yml --path-output _build/editions/gettext .
-	rm -rf _build/gettext && cp -r _build/editions/gettext/_build/gettext _build/gettext
+	$(GETTEXT)
 
 # Brings the Chinese catalogues in step with the English text: a new paragraph arrives untranslated, a changed one
 # keeps its old translation marked fuzzy, a removed one goes. Translate, then `make test` checks the catalogues.
@@ -134,9 +138,13 @@ unit: $(STAMP)
 
 # AT_SMALL_MODELS=1: the chapters that read a recorded model (Seeing the heads) run a small one through the same code,
 # trained in minutes, so that the suite fits its budget; only their cells marked nbval-ignore-output print other numbers.
+# The tests run in TEST_WORKERS processes (pytest-xdist), each file in one of them (a notebook's cells share a kernel),
+# the notebooks first since they take longest; each process computes on one thread (OMP_NUM_THREADS=1), so that two
+# of them share two cores without contending for them. What a notebook prints does not depend on its thread count.
+TEST_WORKERS ?= 2
 test: lint check-export book-stored
-	AT_SMALL_MODELS=1 $(PY) -m pytest tests book --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg \
-	  --nbval-cell-timeout 1800
+	AT_SMALL_MODELS=1 OMP_NUM_THREADS=1 $(PY) -m pytest book tests -n $(TEST_WORKERS) --dist loadfile \
+	  --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout 1800
 
 # Throughput of the straightforward, fast, bf16 and compiled paths on this machine (about 7 minutes on 2 cores).
 # The translation part needs a trained translator: runs/multi30k-cpu (`annotated-transformer train multi30k-cpu`).

@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 VENDOR := _build/vendor
 
 .DEFAULT_GOAL := help
-.PHONY: help venv requirements export check-export vendor book book-stored gettext catalogues lint unit test bench dist clean
+.PHONY: help venv requirements export check-export vendor book book-stored gettext catalogues data lint unit test bench dist clean
 
 help:
 	@echo "make test    run every test: lint, package (pytest), notebooks (nbval), export sync, book + browser check"
@@ -142,9 +142,16 @@ unit: $(STAMP)
 # the notebooks first since they take longest; each process computes on one thread (OMP_NUM_THREADS=1), so that two
 # of them share two cores without contending for them. What a notebook prints does not depend on its thread count.
 TEST_WORKERS ?= 2
-test: lint check-export book-stored
+test: lint check-export book-stored data
 	AT_SMALL_MODELS=1 OMP_NUM_THREADS=1 $(PY) -m pytest book tests -n $(TEST_WORKERS) --dist loadfile \
 	  --nbval --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-cell-timeout 1800
+
+# The data sets the notebooks read, fetched into $$AT_DATA_DIR (default ~/.cache/annotated_transformer) and verified,
+# before make test runs the notebooks in any order: their stored outputs come from a folder that holds the data
+# already, where no first-download notice is printed on stderr.
+data: $(STAMP)
+	$(PY) -c "from annotated_transformer.data import MULTI30K_SPLITS, WMT14_TEXT_FILES, load_multi30k, tatoeba_pairs, wmt14_file; \
+	[load_multi30k(split) for split in MULTI30K_SPLITS]; tatoeba_pairs(); [wmt14_file(name) for name in WMT14_TEXT_FILES]"
 
 # Throughput of the straightforward, fast, bf16 and compiled paths on this machine (about 7 minutes on 2 cores).
 # The translation part needs a trained translator: runs/multi30k-cpu (`annotated-transformer train multi30k-cpu`).

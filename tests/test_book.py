@@ -332,10 +332,14 @@ def test_tables_that_cells_print_are_tables_on_the_page(chapter):
     assert not re.search(r"\|\s*-{3,}\s*\|", text), f"{chapter}: a table's separator row shows as text"
 
 
-def test_api_page_documents_the_package():
-    html = built("book/api.html")
+@pytest.mark.parametrize("edition", ["", "zh_CN/"], ids=["en", "zh_CN"])
+def test_api_page_documents_the_package(edition):
+    html = built(f"{edition}book/api.html")
     for module in MODULES:
         assert f'id="module-annotated_transformer.{module}"' in html
+    # The docstrings' special tokens, <s> and </s>, are shown as text in both editions (not swallowed as HTML).
+    english = built("book/api.html")
+    assert html.count("&lt;/s&gt;") == english.count("&lt;/s&gt;") > 0
     for name in (
         "model.make_model",
         "model.TransformerConfig",
@@ -433,6 +437,9 @@ def test_the_chinese_edition_speaks_chinese_around_the_text():
     assert 'placeholder="搜索本书……"' in html
     assert "中文版" in re.search(r"<title>(.*?)</title>", html, re.S).group(1)
     assert "下一页" in html and "上一页" in html
+    assert "代码仓库" in html and "颜色模式" in html and "Repository" not in html and "Color mode" not in html
+    training = (HTML / "zh_CN" / "book" / "06_training.html").read_text(encoding="utf-8")
+    assert "显示代码单元格" in training and "Show code cell" not in training
     captions = re.findall(r'<p aria-level="2" class="caption" role="heading"><span class="caption-text">([^<]*)', html)
     assert len(captions) == 3 and all(CJK.search(c) for c in captions), f"the parts of the contents: {captions}"
     script = (HTML / "zh_CN" / "searchindex.js").read_text(encoding="utf-8")

@@ -25,6 +25,8 @@ import string
 from collections import Counter
 from pathlib import Path
 
+from babel.messages.mofile import write_mo
+from babel.messages.pofile import read_po
 from docutils import nodes
 from pybtex.plugin import register_plugin as register_pybtex_plugin
 from pybtex.richtext import Text
@@ -192,6 +194,22 @@ def _search_glossary_terms(app, config):
     config.html_search_options = {**config.html_search_options, "dict": str(words)}
 
 
+def _theme_words(app) -> None:
+    """Adds the book's catalogue of sphinx-book-theme's words (locales/<language>/LC_MESSAGES/booktheme.po) to the
+    theme's own, for the words the theme's translation lacks. Sphinx compiles the catalogues of the pages and its
+    own, not a theme's: this one is compiled here, into the build's folder."""
+    source = Path(app.srcdir) / "locales" / app.config.language / "LC_MESSAGES" / "booktheme.po"
+    if not source.is_file():
+        return
+    with source.open("rb") as f:
+        catalog = read_po(f)
+    compiled = Path(app.doctreedir) / "locales" / app.config.language / "LC_MESSAGES" / "booktheme.mo"
+    compiled.parent.mkdir(parents=True, exist_ok=True)
+    with compiled.open("wb") as f:
+        write_mo(f, catalog)
+    app.add_message_catalog("booktheme", str(Path(app.doctreedir) / "locales"))
+
+
 def setup(app):
     app.setup_extension("sphinx.ext.autodoc")
     app.add_autodocumenter(ShortValueDataDocumenter, override=True)
@@ -200,4 +218,5 @@ def setup(app):
     app.add_transform(TranslatedTocCaptions)
     app.connect("html-page-context", _link_editions)
     app.connect("config-inited", _search_glossary_terms)
+    _theme_words(app)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

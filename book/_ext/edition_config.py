@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TITLES = {"zh_CN": "The Annotated Transformer 中文版"}
 # Jupyter Book sets the search box's text itself, in English; the theme translates its other words.
 SEARCH_BAR_TEXTS = {"zh_CN": "搜索本书……"}
+CODE_PROMPTS = {"zh_CN": ("显示代码单元格", "隐藏代码单元格")}
 
 
 def edition_config(language: str = "en", execute: str | None = None, gettext: bool = False) -> dict:
@@ -39,6 +40,8 @@ def edition_config(language: str = "en", execute: str | None = None, gettext: bo
         sphinx["config"]["language"] = language
         sphinx["config"]["html_search_language"] = language.split("_")[0]
         sphinx["config"]["html_theme_options"] = {"search_bar_text": SEARCH_BAR_TEXTS[language]}
+        # MyST-NB's buttons on hidden cells ("Show code cell source", ...).
+        sphinx["config"]["nb_code_prompt_show"], sphinx["config"]["nb_code_prompt_hide"] = CODE_PROMPTS[language]
         sphinx["recursive_update"] = True  # so that the theme options above join Jupyter Book's, not replace them
     return config
 

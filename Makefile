@@ -12,11 +12,12 @@ VENDOR := _build/vendor
 .PHONY: help venv requirements export check-export vendor book book-stored gettext catalogues data lint unit test bench dist clean
 
 help:
-	@echo "make test    run every test: lint, package (pytest), notebooks (nbval), export sync, book + browser check"
+	@echo "make test    run every test: lint, package (pytest), notebooks (nbval), export sync, catalogues, both editions + browser"
 	@echo "make unit    the package's tests alone, in minutes: no notebooks, book, browser, nor tests marked slow"
 	@echo "make lint    ruff check and ruff format --check over the package, the tests and the notebooks"
 	@echo "make book    build the book into _build/html (English) and _build/html/zh_CN (Chinese), executing the notebooks (cached)"
 	@echo "make catalogues  bring the Chinese edition's catalogues (locales/zh_CN) in step with the English text"
+	@echo "make data   fetch and verify the data sets the notebooks read (into AT_DATA_DIR); make test runs it"
 	@echo "make export  regenerate annotated_transformer/ from the notebooks in book/"
 	@echo "make venv    create $(VENV) with the pinned requirements and the package (editable)"
 	@echo "make requirements  regenerate requirements.txt from pyproject.toml (uv pip compile, keeping the pins it can)"

@@ -9,8 +9,9 @@ unless the value is long (the checksums of `JS_ASSETS`): that one would only run
 Editions. The book is built in English and in Chinese from the same notebooks, the Chinese prose coming from the
 gettext catalogues under locales/ (see the page on the book's tools). Program output is not translated: the messages
 of a notebook's outputs (the Markdown tables its cells print, for one) are left out of the catalogues, which would
-otherwise have to follow every re-run, and so are displayed equations. Each page links to the same page of the other edition, which lives in the
-folder of its language (`zh_CN/`) beside the English one. Its search knows the glossary's terms as words.
+otherwise have to follow every re-run, and so are displayed equations. Each page links to the same page of the
+other edition, which lives in the folder of its language (`zh_CN/`) beside the English one. The Chinese search
+knows the glossary's terms as words, and the theme's words that its own translation lacks come from the book.
 
 Citations. sphinxcontrib-bibtex's author-year style puts square brackets around citations; the book's prose
 uses round ones, "Vaswani et al. (2017)" and "(Vaswani et al., 2017; Xiong et al., 2020)". `author_year_round` is
@@ -176,10 +177,10 @@ def _link_editions(app, pagename, templatename, context, doctree):
     context["body"] = f'<p class="edition-links">{anchors}</p>\n' + context["body"]
 
 
-def glossary_terms(glossary: str) -> list[str]:
-    "The Chinese terms of the glossary page's table (its second column, below the header)."
+def glossary_terms(glossary: str) -> list[tuple[str, str]]:
+    "(English term, Chinese term) of each row of the glossary page's table (below its header); the tests read it too."
     table = glossary.split("\n|---|---|---|\n", 1)[1]
-    return re.findall(r"^\| [^|]+? \| ([^|]+?) \|", table, flags=re.M)
+    return re.findall(r"^\| ([^|]+?) \| ([^|]+?) \|", table, flags=re.M)
 
 
 def _search_glossary_terms(app, config):
@@ -190,7 +191,7 @@ def _search_glossary_terms(app, config):
         return
     words = Path(app.doctreedir) / "glossary-words.txt"
     words.parent.mkdir(parents=True, exist_ok=True)
-    words.write_text("".join(f"{term}\n" for term in glossary_terms(glossary.read_text(encoding="utf-8"))))
+    words.write_text("".join(f"{zh}\n" for _, zh in glossary_terms(glossary.read_text(encoding="utf-8"))))
     config.html_search_options = {**config.html_search_options, "dict": str(words)}
 
 

@@ -7,9 +7,8 @@ the theme's own words are Chinese, and search splits Chinese text into words wit
 edition's execution cache (_build/.jupyter_cache), so a notebook the English build executed is not executed again.
 `--execute off` renders the outputs stored in the notebooks (`make book-stored`). `--gettext` is the configuration
 that extracts the English text into message templates (`make catalogues`): it never executes, since program output
-is not translated. The local Sphinx extensions and the paths Sphinx resolves against the configuration file are made
-absolute, since the written configuration lives in _build/, not beside the book (Sphinx resolves its other paths
-against the book's folder).
+is not translated. The local Sphinx extensions are named by absolute path, since Jupyter Book resolves them against
+the configuration file, which lives in _build/ (Sphinx resolves the other paths against the book's folder).
 """
 
 import argparse

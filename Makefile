@@ -139,9 +139,10 @@ unit: $(STAMP)
 
 # AT_SMALL_MODELS=1: the chapters that read a recorded model (Seeing the heads) run a small one through the same code,
 # trained in minutes, so that the suite fits its budget; only their cells marked nbval-ignore-output print other numbers.
-# The tests run in TEST_WORKERS processes (pytest-xdist), each file in one of them (a notebook's cells share a kernel),
-# the notebooks first since they take longest; each process computes on one thread (OMP_NUM_THREADS=1), so that two
-# of them share two cores without contending for them. What a notebook prints does not depend on its thread count.
+# The tests run in TEST_WORKERS processes (pytest-xdist), each file in one of them (a notebook's cells share a kernel)
+# and the notebooks that read the run cache in the same one (tests/conftest.py groups them); each process computes on
+# one thread (OMP_NUM_THREADS=1), so that two of them share two cores without contending for them. What a notebook
+# prints does not depend on its thread count.
 TEST_WORKERS ?= 2
 test: lint check-export book-stored data
 	AT_SMALL_MODELS=1 OMP_NUM_THREADS=1 $(PY) -m pytest book tests -n $(TEST_WORKERS) --dist loadfile \

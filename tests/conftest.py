@@ -1,6 +1,8 @@
 """pytest settings shared by the package tests and nbval's notebook tests (`pytest tests book --nbval`)."""
 
+import functools
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -10,6 +12,40 @@ import pytest
 _MIRROR = Path(__file__).resolve().parents[2] / "shared" / "data"
 if "AT_MIRROR" not in os.environ and _MIRROR.is_dir():
     os.environ["AT_MIRROR"] = str(_MIRROR)
+
+
+RUN_CACHE_GROUP = "notebooks-reading-the-run-cache"
+TINY_RUNS_GROUP = "tests-sharing-the-tiny-runs"
+
+
+@functools.cache
+def xdist_group_of(path: Path) -> str:
+    """The tests that pytest-xdist runs in one process, one after another: by file, as `--dist loadfile` does (a
+    notebook's cells share one kernel), with two groups of files more. The notebooks that ask the run cache for a
+    trained model (`cached_run`): several ask for the same run (the book's live run), which the first trains and
+    the others read, where two processes would train it once and one of them would wait idle on the cache's lock
+    meanwhile. And the test files that use the session's tiny runs below, which each process would train anew."""
+    text = path.read_text(encoding="utf-8") if path.is_file() else ""
+    if path.suffix == ".ipynb" and "cached_run(" in text:
+        return RUN_CACHE_GROUP
+    if path.suffix == ".py" and re.search(r"\btiny_(subword_)?run\b", text):
+        return TINY_RUNS_GROUP
+    return str(path)
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, there when it is installed
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile` (as `make test` runs) with the groups of `xdist_group_of`. (pytest-xdist's `--dist loadgroup`
+    would read groups from marks, but under pytest 9 the marks do not reach its scheduler.)"""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class LoadFileGroups(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group_of(config.rootpath / nodeid.split("::", 1)[0])
+
+    return LoadFileGroups(config, log)
 
 
 def pytest_collection_modifyitems(items):

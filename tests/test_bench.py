@@ -29,12 +29,20 @@ from annotated_transformer.bench import (
 from annotated_transformer.cli import main
 from annotated_transformer.distributed import bf16_supported
 from annotated_transformer.distributed import device_slug
-from annotated_transformer.measure import bench_table, write_benchmark
+from annotated_transformer.measure import bench_table, matmul_peak, write_benchmark
 from annotated_transformer.recipes import RECIPES
 from annotated_transformer.training import BOS, EOS, PAD, Batch, LabelSmoothing, copy_task, pad_sequences
 from annotated_transformer.translation import decode_batches
 
 TINY = TransformerConfig(N=1, d_model=32, d_ff=64, h=2)
+
+
+@pytest.fixture
+def small_peak(monkeypatch):
+    "The benchmark measures its peak on products of 256 x 256 matrices: the tests of the command need no true peak."
+    import annotated_transformer.bench as bench
+
+    monkeypatch.setattr(bench, "matmul_peak", lambda device, dtype: matmul_peak(device, dtype, size=256))
 
 
 # The fast paths compute the same function
@@ -369,7 +377,7 @@ def test_the_whole_benchmark_writes_results_and_a_table(tiny_subword_run, tmp_pa
 
 
 @pytest.mark.slow
-def test_a_compiler_failure_is_recorded_and_the_rest_measured(monkeypatch):
+def test_a_compiler_failure_is_recorded_and_the_rest_measured(monkeypatch, small_peak):
     def broken(model):
         raise RuntimeError("no C compiler found\nmore details")
 
@@ -392,7 +400,7 @@ def test_bench_command_needs_a_translator_or_no_translation(tmp_path, monkeypatc
     assert "train multi30k-cpu" in err and "--no-translation" in err and err.count("\n") == 1
 
 
-def test_bench_command_without_translation(tmp_path, monkeypatch, capsys):
+def test_bench_command_without_translation(tmp_path, monkeypatch, capsys, small_peak):
     import annotated_transformer.bench as bench  # the command imports run_benchmark from here when it runs
 
     seen = {}
@@ -410,7 +418,7 @@ def test_bench_command_without_translation(tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.slow
-def test_bench_command_writes_the_results(tiny_run, tmp_path, monkeypatch, capsys):
+def test_bench_command_writes_the_results(tiny_run, tmp_path, monkeypatch, capsys, small_peak):
     import annotated_transformer.bench as bench  # the command imports run_benchmark from here when it runs
 
     def quick(**kwargs):  # the command's own arguments, with a tiny model and few sentences

@@ -42,7 +42,7 @@ def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadFileScheduling
 
     class LoadFileGroups(LoadFileScheduling):
-        def _split_scope(self, nodeid: str) -> str:
+        def _split_scope(self, nodeid: str) -> str:  # the scope of a test, as pytest-xdist 3's schedulers ask it
             return xdist_group_of(config.rootpath / nodeid.split("::", 1)[0])
 
     return LoadFileGroups(config, log)

@@ -39,7 +39,7 @@ TINY = TransformerConfig(N=1, d_model=32, d_ff=64, h=2)
 
 @pytest.fixture
 def small_peak(monkeypatch):
-    "The benchmark measures its peak on products of 256 x 256 matrices: the tests of the command need no true peak."
+    "The benchmark measures its peak on products of 256 x 256 matrices, for tests that need no true peak."
     import annotated_transformer.bench as bench
 
     monkeypatch.setattr(bench, "matmul_peak", lambda device, dtype: matmul_peak(device, dtype, size=256))

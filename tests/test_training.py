@@ -33,10 +33,10 @@ from annotated_transformer.training import (
     LabelSmoothing,
     accumulate_gradients,
     batches_of,
-    copy_exact_match,
     copy_task,
     greedy_decode,
     make_optimizer,
+    pad_sequences,
     padding_fraction,
     rate,
     token_batches,
@@ -468,8 +468,9 @@ def test_run_directory_contents_and_guards(tmp_path):
 
 @pytest.mark.slow
 def test_the_copy_recipe_from_the_command_line_learns_and_scores_its_checkpoint(tmp_path, single_threaded_env):
-    """The copy task, end to end: the console script, its run directory, and greedy copies from the checkpoint it
-    wrote. A third of the recipe's updates (the training chapter trains all of it and asserts 99% copied exactly)."""
+    """The copy task, end to end: the console script, its run directory, its summary's score measured on the
+    checkpoint it wrote, and greedy copies. A third of the recipe's updates (the training chapter trains all of it and
+    asserts 99% copied exactly)."""
     run, steps = tmp_path / "copy", 400
     cli = Path(sys.executable).with_name("annotated-transformer")
     result = subprocess.run(
@@ -481,12 +482,15 @@ def test_the_copy_recipe_from_the_command_line_learns_and_scores_its_checkpoint(
     )
     assert result.returncode == 0, result.stderr
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["steps"] == steps and summary["exact_match"] >= 0.5  # most held-out sequences copied exactly
+    assert summary["steps"] == steps
     model, state = model_from_checkpoint(sorted((run / "checkpoints").glob("*.pt"))[-1])
-    assert state["step"] == steps
-    train_pairs = load_task(RECIPES["copy"]).train
-    held_out = copy_task(500, seed=RECIPES["copy"].seed + 2, exclude=train_pairs)  # the task's held-out sequences
-    assert copy_exact_match(model, held_out, "cpu") == summary["exact_match"]  # the score is the written model's
+    task = load_task(RECIPES["copy"])
+    assert state["step"] == steps and task.evaluate(model, "cpu") == {"exact_match": summary["exact_match"]}
+    # Sequences of its own, decoded here: most are copied exactly (the summary says 90% on this project's CPU).
+    held_out = copy_task(300, seed=424242, exclude=task.train)
+    src = pad_sequences([s for s, _ in held_out])
+    out = greedy_decode(model, src, (src != PAD)[:, None, :], max_len=src.size(1) + 5)
+    assert sum(o == s[:-1] for o, (s, _) in zip(out, held_out)) >= 0.5 * len(held_out)
 
 
 def test_settings_may_come_before_or_after_the_options(tmp_path, capsys):

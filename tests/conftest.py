@@ -20,11 +20,12 @@ TINY_RUNS_GROUP = "tests-sharing-the-tiny-runs"
 
 @functools.cache
 def xdist_group_of(path: Path) -> str:
-    """The tests that pytest-xdist runs in one process, one after another: by file, as `--dist loadfile` does (a
-    notebook's cells share one kernel), with two groups of files more. The notebooks that ask the run cache for a
-    trained model (`cached_run`): several ask for the same run (the book's live run), which the first trains and
-    the others read, where two processes would train it once and one of them would wait idle on the cache's lock
-    meanwhile. And the test files that use the session's tiny runs below, which each process would train anew."""
+    """The group of `path`'s tests, which pytest-xdist runs in one process, one after another: its file, as `--dist
+    loadfile` groups (a notebook's cells share one kernel), or one of two groups of files. The notebooks that ask
+    the run cache for a trained model (`cached_run`): several ask for the same run (the book's live run), which the
+    first trains and the others read, where two processes would train it once and one of them would wait idle on
+    the cache's lock meanwhile. And the test files that use the session's tiny runs below, which each process would
+    train anew."""
     text = path.read_text(encoding="utf-8") if path.is_file() else ""
     if path.suffix == ".ipynb" and "cached_run(" in text:
         return RUN_CACHE_GROUP

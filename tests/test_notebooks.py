@@ -73,3 +73,17 @@ def test_the_table_of_contents_has_the_paper_then_under_the_hood():
     assert hood == [f"book/{p.stem}" for p in NOTEBOOKS if re.fullmatch(r"a\d_\w+", p.stem)] and hood
     assert reference == PAGES
     assert all((ROOT / f"{page}.md").is_file() for page in PAGES)
+
+
+def test_make_tests_processes_keep_the_files_that_share_a_trained_run_together():
+    """`make test`'s scheduler (tests/conftest.py): the notebooks that read the run cache run in one process, and so do
+    the test files that use the session's tiny runs; every other file is a group of its own."""
+    from conftest import RUN_CACHE_GROUP, TINY_RUNS_GROUP, xdist_group_of
+
+    readers = ("07_decoding", "08_variations", "09_attention_heads", "10_speed")
+    assert {xdist_group_of(ROOT / "book" / f"{name}.ipynb") for name in readers} == {RUN_CACHE_GROUP}
+    assert {xdist_group_of(ROOT / "tests" / name) for name in ("test_bench.py", "test_translation.py")} == {
+        TINY_RUNS_GROUP
+    }
+    alone = (ROOT / "book" / "01_attention.ipynb", ROOT / "tests" / "test_model.py")
+    assert [xdist_group_of(path) for path in alone] == [str(path) for path in alone]

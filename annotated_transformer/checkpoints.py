@@ -29,7 +29,7 @@ from . import __version__
 from .data import atomic_file
 from .model import EncoderDecoder, TransformerConfig, make_model
 from .recipes import Recipe, Task, stored_recipe
-from .text import vocab_problem
+from .text import shares_vocabulary, vocab_problem
 
 # %% ../book/a2_run_checkpoints.ipynb #fd3e064a
 CHECKPOINT_FORMAT = 2  # the version of the description below, which every file stores and `load_checkpoint` checks
@@ -286,10 +286,11 @@ def model_from_state(state: Checkpoint, path, device="cpu") -> EncoderDecoder:
     naming the first tensor that differs, before anything is allocated; so is one whose sinusoid table, which no
     checkpoint stores, would be huge, and weights that are not all finite (a diverged run), which would decode
     nothing but run to the length limit."""
+    shared_vocab = shares_vocabulary(state.get("vocab"))
     try:
         config = TransformerConfig(**state["config"])
         with torch.device("meta"):
-            needed = make_model(state["src_vocab"], state["tgt_vocab"], config).state_dict()
+            needed = make_model(state["src_vocab"], state["tgt_vocab"], config, shared_vocab=shared_vocab).state_dict()
     except (TypeError, ValueError) as err:  # a setting this version does not know, or a value it refuses
         raise CheckpointError(f"{path}: the stored configuration is not usable here ({err})") from None
     stored = state["model"]
@@ -311,7 +312,7 @@ def model_from_state(state: Checkpoint, path, device="cpu") -> EncoderDecoder:
     if bad := next((n for n, t in stored.items() if t.is_floating_point() and not torch.isfinite(t).all()), None):
         raise CheckpointError(f"{path}: its weights are not all finite numbers ({bad} holds NaN or infinity): the "
                               "run diverged before it was saved; use an earlier checkpoint of the run")
-    model = make_model(state["src_vocab"], state["tgt_vocab"], config)
+    model = make_model(state["src_vocab"], state["tgt_vocab"], config, shared_vocab=shared_vocab)
     model.load_state_dict(stored)
     return model.to(device).eval()
 

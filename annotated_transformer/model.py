@@ -147,14 +147,16 @@ class TransformerConfig:
         return cls(**{"d_model": 1024, "d_ff": 4096, "h": 16, "dropout": 0.3, **overrides})
 
 # %% ../book/05_model.ipynb #16596a31
-def make_model(src_vocab: int, tgt_vocab: int, config: TransformerConfig | None = None, **overrides) -> EncoderDecoder:
+def make_model(src_vocab: int, tgt_vocab: int, config: TransformerConfig | None = None, *,
+               shared_vocab: bool | None = None, **overrides) -> EncoderDecoder:
     """Build a Transformer for the given vocabulary sizes from `config` (default: the base model).
 
     Any `TransformerConfig` field can be overridden by name, e.g. `make_model(100, 100, N=2, d_model=64)`.
     Linear weights get Glorot-uniform initialisation and zero biases; embeddings N(0, 1/d_model). With
     `share_embeddings`, the output projection shares the target embedding matrix, and the source embedding
-    shares it too when the vocabulary sizes are equal (a shared vocabulary, §3.4). The configuration used
-    is passed to the model, as `model.config`.
+    shares it too when source and target ids name the same tokens, one vocabulary for both languages (§3.4):
+    `shared_vocab` says whether they do (None: when the two sizes are equal). The configuration used is passed
+    to the model, as `model.config`.
     """
     if config is not None and not isinstance(config, TransformerConfig):
         raise TypeError(f"config must be a TransformerConfig, got {type(config).__name__}; pass settings as keywords, "
@@ -162,6 +164,9 @@ def make_model(src_vocab: int, tgt_vocab: int, config: TransformerConfig | None 
     for name, size in (("src_vocab", src_vocab), ("tgt_vocab", tgt_vocab)):
         if not isinstance(size, int) or size < 1:
             raise ValueError(f"{name} must be a positive number of tokens, got {size!r}")
+    if shared_vocab and src_vocab != tgt_vocab:
+        raise ValueError(f"one vocabulary (shared_vocab=True) has one size, got {src_vocab} source and {tgt_vocab} "
+                         "target tokens")
     fields = {f.name for f in dataclasses.fields(TransformerConfig)}
     if unknown := sorted(set(overrides) - fields):
         raise TypeError(f"unknown configuration field(s) {', '.join(unknown)}; the fields are {', '.join(sorted(fields))}")
@@ -191,6 +196,6 @@ def make_model(src_vocab: int, tgt_vocab: int, config: TransformerConfig | None 
             nn.init.zeros_(module.bias)
     if c.share_embeddings:
         model.generator.proj.weight = model.tgt_embed[0].lut.weight
-        if src_vocab == tgt_vocab:
+        if src_vocab == tgt_vocab if shared_vocab is None else shared_vocab:
             model.src_embed[0].lut.weight = model.tgt_embed[0].lut.weight
     return model

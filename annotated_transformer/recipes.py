@@ -61,7 +61,9 @@ class Recipe:
     Data settings, for the tasks that use them: direction, e.g. "de-en" (source-target languages);
     min_freq: how often a word must occur in the training data to get its own vocabulary entry;
     subwords: the size of one subword vocabulary for both languages, learned from the training data (SentencePiece;
-    None: a word vocabulary per language, by min_freq);
+    None: a word vocabulary per language, by min_freq); shared_subwords: False learns one vocabulary of `subwords`
+    pieces per language instead, each from that language's training sentences (the source embedding is then a
+    matrix of its own, the target embedding and the output layer still one);
     average_checkpoints: how many of the last checkpoints an evaluation of the run averages (§6.1).
     Scale settings: tokens_per_update, when set, decides the batches per update in place of accum_steps
     (which must then stay 1): as many as each process needs for all processes together to reach that many tokens
@@ -90,6 +92,7 @@ class Recipe:
     checkpoint_minutes: float | None = None
     data: str | None = None
     subwords: int | None = None
+    shared_subwords: bool = True
 
     def __post_init__(self):
         if not (isinstance(self.name, str) and PLAIN_NAME.fullmatch(self.name)):
@@ -118,6 +121,11 @@ class Recipe:
                              "the batches per update; keep one: tokens_per_update=None to choose accum_steps yourself")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed < 2**63:
             raise ValueError(f"seed must be a whole number from 0 to 2**63 - 1, got {self.seed!r}")
+        if not isinstance(self.shared_subwords, bool):
+            raise ValueError(f"shared_subwords must be True or False, got {self.shared_subwords!r}")
+        if not self.shared_subwords and self.subwords is None:
+            raise ValueError("shared_subwords=False learns a subword vocabulary per language: it needs subwords, the "
+                             "size of each (e.g. subwords=4000)")
         if self.data is not None and not isinstance(self.data, str):
             raise ValueError(f"data must be a folder's path or None, got {self.data!r}")
         if self.average_checkpoints > self.keep_checkpoints:
@@ -158,8 +166,9 @@ class Recipe:
             raise ValueError(f"not a recipe of this version ({err})") from None
 
     def differences(self, other: dict) -> list[str]:
-        "The names of the settings in which this recipe differs from `other`, a recipe as `to_dict` gives it."
-        mine, theirs = _flat(self.to_dict()), _flat(other)
+        """The names of the settings in which this recipe differs from `other`, a recipe as `to_dict` gives it. A
+        setting that `other` lacks has its default value there: it was stored before the setting existed."""
+        mine, theirs = _flat(self.to_dict()), {**_DEFAULTS, **_flat(other)}
         return sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
 
     def trains_differently(self, other: dict) -> list[str]:
@@ -176,6 +185,12 @@ class Recipe:
             given = ", ".join(f"{k}={mine.get(k)!r} (the run has {theirs.get(k)!r})" for k in changed)
             raise ValueError(f"{source}: a resumed run keeps its settings, and these differ: {given}; only steps "
                              "may grow")
+
+
+# What a setting meant before a recipe stored it: its default (a recipe's own fields and its model's).
+_DEFAULTS = {f.name: f.default for cls in (Recipe, TransformerConfig) for f in dataclasses.fields(cls)
+             if f.default is not dataclasses.MISSING}
+
 
 # %% ../book/a2_recipes.ipynb #cac982a5
 # The training recipes, by name (`annotated-transformer train NAME`).

@@ -5,8 +5,8 @@ with spaCy and a vocabulary per language, subwords with SentencePiece, and one i
 
 # %% auto #0
 __all__ = ['PAD', 'BOS', 'EOS', 'UNK', 'SPECIALS', 'WordTokenizer', 'Vocab', 'tokenized_multi30k', 'Subwords', 'dataset_subwords',
-           'multi30k_subwords', 'WordCodec', 'SubwordCodec', 'SymbolCodec', 'vocab_problem', 'text_codec',
-           'translation_task', 'repeats_a_word']
+           'multi30k_subwords', 'WordCodec', 'SubwordCodec', 'SymbolCodec', 'vocab_problem', 'shares_vocabulary',
+           'text_codec', 'translation_task', 'repeats_a_word']
 
 # %% ../book/a6_text.ipynb #ac05d26b
 import contextlib
@@ -155,13 +155,18 @@ def _quiet_stderr():
         os.close(saved)
 
 
-@functools.lru_cache(maxsize=2)
-def dataset_subwords(dataset: str, size: int) -> Subwords:
+@functools.lru_cache(maxsize=4)
+def dataset_subwords(dataset: str, size: int, language: str | None = None) -> Subwords:
     """One vocabulary of `size` subwords for both languages of `dataset` (a name in `PARALLEL_DATA`), learned from its
     training split: the sentences of its default direction's source language, then those of its target language,
-    whitespace normalised. The same for both directions (`Recipe.subwords`)."""
+    whitespace normalised. The same for both directions (`Recipe.subwords`). With a `language`, the vocabulary of
+    that language alone, from its sentences only (`Recipe.shared_subwords`)."""
+    languages = parallel_directions(dataset)[0].split("-")
+    if language is not None and language not in languages:
+        raise ValueError(f"{dataset} has no language {language!r}; it has {' and '.join(languages)}")
     train = load_pairs(dataset, "train")
-    return Subwords.train([" ".join(s.split()) for s in [src for src, _ in train] + [tgt for _, tgt in train]], size)
+    sides = [languages.index(language)] if language else [0, 1]
+    return Subwords.train([" ".join(pair[side].split()) for side in sides for pair in train], size)
 
 
 def multi30k_subwords(size: int) -> Subwords:
@@ -195,29 +200,32 @@ class WordCodec:
 
 
 class SubwordCodec:
-    "Text and token ids of a SentencePiece model, one vocabulary for both sides (kind \"sentencepiece\")."
+    """Text and token ids of SentencePiece (kind "sentencepiece"): one model, one vocabulary for both sides
+    ("model"), or a model per side ("src_model" and "tgt_model"). `subwords` is the target side's."""
 
     def __init__(self, vocab: dict):
-        self.subwords = Subwords(vocab["model"])
+        shared = "model" in vocab
+        self.subwords = Subwords(vocab["model" if shared else "tgt_model"])
+        self.source = self.subwords if shared else Subwords(vocab["src_model"])
 
     def source_ids(self, sentences: list[str]) -> list[list[int]]:
         """The subword ids of each sentence, its whitespace normalised as in the training data. SentencePiece never
         reads a control symbol from text: `<s>` typed in a sentence is spelled in pieces, like any other text."""
-        return self.subwords.encode([" ".join(s.split()) for s in sentences])
+        return self.source.encode([" ".join(s.split()) for s in sentences])
 
     def target_ids(self, sentences: list[str]) -> list[list[int]]:
-        "The subword ids of each sentence, whitespace normalised as on the source side."
-        return self.source_ids(sentences)
+        "The target side's subword ids of each sentence, whitespace normalised as on the source side."
+        return self.subwords.encode([" ".join(s.split()) for s in sentences])
 
     def decode(self, ids: list[int]) -> str:
         "The text of target subword ids."
         return self.subwords.decode(ids)
 
     def token_texts(self, source: bool = False) -> list[str]:
-        """The text of each subword id on its own, on either side (one vocabulary): the piece as SentencePiece writes
-        it (▁ marks a space before it), the special symbols by name, and a byte piece its byte where that byte is a
-        character alone (so that a translator finds the pieces that break a line)."""
-        p = self.subwords.processor
+        """The text of each target subword id on its own (`source=True`: each source id's): the piece as SentencePiece
+        writes it (▁ marks a space before it), the special symbols by name, and a byte piece its byte where that byte
+        is a character alone (so that a translator finds the pieces that break a line)."""
+        p = (self.source if source else self.subwords).processor
         return [*SPECIALS, *(p.decode([i]) if p.is_byte(i) else p.id_to_piece(i) for i in range(len(SPECIALS), len(p)))]
 
 
@@ -280,15 +288,21 @@ def vocab_problem(vocab, src_vocab: int, tgt_vocab: int) -> str | None:
                 Vocab(words)
             except ValueError as err:  # its specials, or a word twice
                 return f"of words for {side!r} is not one: {err}"
-    elif kind == "sentencepiece":
-        if not isinstance(vocab.get("model"), bytes):
-            return "of subwords holds no SentencePiece model"
-        try:
-            pieces = len(Subwords(vocab["model"]).processor)
-        except (RuntimeError, OSError, ValueError) as err:
-            return f"holds a SentencePiece model that does not load ({' '.join(str(err).split())})"
-        if not pieces == src_vocab == tgt_vocab:
-            return f"has {pieces} subwords, but the model has {src_vocab} source and {tgt_vocab} target ids"
+    elif kind == "sentencepiece":  # one model for both sides, or one per side
+        keys = ["model"] if "model" in vocab or "src_model" not in vocab else ["src_model", "tgt_model"]
+        pieces = []
+        for key in keys:
+            if not isinstance(vocab.get(key), bytes):
+                return "of subwords holds no SentencePiece model" + ("" if key == "model" else f" for {key!r}")
+            try:
+                pieces.append(len(Subwords(vocab[key]).processor))
+            except (RuntimeError, OSError, ValueError) as err:
+                return f"holds a SentencePiece model that does not load ({' '.join(str(err).split())})"
+        if len(pieces) == 1 and not pieces[0] == src_vocab == tgt_vocab:
+            return f"has {pieces[0]} subwords, but the model has {src_vocab} source and {tgt_vocab} target ids"
+        if len(pieces) == 2 and pieces != [src_vocab, tgt_vocab]:
+            return (f"has {pieces[0]} source and {pieces[1]} target subwords, but the model has {src_vocab} source and "
+                    f"{tgt_vocab} target ids")
     elif kind == "symbols":
         symbols = vocab.get("symbols")
         if not (isinstance(symbols, list) and symbols and all(isinstance(s, int) and not isinstance(s, bool)
@@ -296,6 +310,16 @@ def vocab_problem(vocab, src_vocab: int, tgt_vocab: int) -> str | None:
             return f"of symbols lists no symbols, or symbols that are not ids of the model (0 to {min(src_vocab, tgt_vocab) - 1})"
     elif kind is not None:
         return f"is of the kind {kind!r}, which this version of the package does not read (a newer one may)"
+    return None
+
+
+def shares_vocabulary(vocab) -> bool | None:
+    """False where a stored vocabulary gives each side ids of its own (a word vocabulary per language, or a
+    SentencePiece model per side), so that the model must not share the source embedding with the target's
+    (`make_model`'s `shared_vocab`); None otherwise, where equal sizes mean one vocabulary."""
+    if isinstance(vocab, dict) and (vocab.get("kind") == "words" or
+                                    vocab.get("kind") == "sentencepiece" and "model" not in vocab):
+        return False
     return None
 
 
@@ -316,19 +340,22 @@ def translation_task(recipe: Recipe, dataset: str, evaluation) -> Task:
     """The sentence pairs of `dataset` (a name in `PARALLEL_DATA`) as a `Task` of token ids, in `recipe.direction`
     (default: the data set's first). Vocabularies come from the training split only: with `recipe.subwords`, one
     SentencePiece vocabulary of that many pieces for both languages (`dataset_subwords`; the model then shares one
-    embedding matrix, §3.4); without, a word vocabulary per language (words seen `recipe.min_freq` times or more;
-    Multi30k only). `evaluation(vocab, valid_pairs)` makes the task's final check, a callable(model, device) -> dict."""
+    embedding matrix, §3.4), or one of that many per language with `recipe.shared_subwords` False; without, a word
+    vocabulary per language (words seen `recipe.min_freq` times or more; Multi30k only). `evaluation(vocab, valid_pairs)` makes the task's final check, a callable(model, device) -> dict."""
     direction = recipe.direction or parallel_directions(dataset)[0]
     if not recipe.subwords and dataset != "multi30k":
         raise ValueError(f"the {dataset} task needs subwords (a SentencePiece vocabulary, e.g. subwords=4000): "
                          "word vocabularies are Multi30k's only")
     raw = {split: load_pairs(dataset, split, direction) for split in ("train", "valid")}
     if recipe.subwords:
-        subwords = dataset_subwords(dataset, recipe.subwords)
-        ids = {split: [subwords.encode([" ".join(x.split()) for x in side]) for side in zip(*pairs)]
+        languages = direction.split("-") if not recipe.shared_subwords else [None, None]
+        sides = [dataset_subwords(dataset, recipe.subwords, language) for language in languages]  # source, target
+        ids = {split: [subwords.encode([" ".join(x.split()) for x in side]) for subwords, side in zip(sides, zip(*pairs))]
                for split, pairs in raw.items()}
-        vocab = {"kind": "sentencepiece", "dataset": dataset, "direction": direction, "model": subwords.model}
-        sizes = (len(subwords),) * 2
+        models = {"model": sides[0].model} if recipe.shared_subwords else {"src_model": sides[0].model,
+                                                                          "tgt_model": sides[1].model}
+        vocab = {"kind": "sentencepiece", "dataset": dataset, "direction": direction, **models}
+        sizes = (len(sides[0]), len(sides[1]))
     else:
         tokens = {split: tokenized_multi30k(split, direction) for split in ("train", "valid")}
         src_vocab, tgt_vocab = (Vocab.build(side, recipe.min_freq) for side in tokens["train"])

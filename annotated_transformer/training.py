@@ -23,7 +23,7 @@ from .distributed import (Processes, accumulation_steps, check_device, rank_and_
 from .model import EncoderDecoder, make_model
 from .recipes import Recipe, Task, load_task
 from .runs import ProgressReport, RunDir
-from .text import BOS, EOS, PAD
+from .text import BOS, EOS, PAD, shares_vocabulary
 
 # %% ../book/06_training.ipynb #3c7daccd
 def copy_task(n: int, vocab: int = 13, min_len: int = 3, max_len: int = 10, seed: int = 0,
@@ -297,7 +297,7 @@ def train(recipe: Recipe, run_dir, *, device=None, resume: bool = False, progres
         with report.loading():  # a first use of the data may download it, or tokenize it
             task = load_task(recipe)
         torch.manual_seed(recipe.seed)
-        model = make_model(task.src_vocab, task.tgt_vocab, recipe.model).to(device)
+        model = make_model(task.src_vocab, task.tgt_vocab, recipe.model, shared_vocab=shares_vocabulary(task.vocab)).to(device)
         if compile:
             model.compile()  # in place: the module, its parameters and their names stay the same
         src_lengths, tgt_lengths = pair_lengths(task.train)

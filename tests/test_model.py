@@ -89,6 +89,16 @@ def test_two_way_sharing_with_separate_vocabularies():
     assert model.src_embed[0].lut.weight is not model.tgt_embed[0].lut.weight
 
 
+def test_two_vocabularies_of_one_size_keep_their_own_source_embedding():
+    model = small(20, 20, shared_vocab=False)
+    assert model.generator.proj.weight is model.tgt_embed[0].lut.weight
+    assert model.src_embed[0].lut.weight is not model.tgt_embed[0].lut.weight
+    tied = small(20, 20, shared_vocab=True)
+    assert tied.src_embed[0].lut.weight is tied.tgt_embed[0].lut.weight
+    with pytest.raises(ValueError, match=r"one vocabulary \(shared_vocab=True\) has one size, got 20 source and 30"):
+        small(20, 30, shared_vocab=True)
+
+
 def test_no_sharing_when_switched_off():
     model = small(20, 20, share_embeddings=False)
     weights = [model.src_embed[0].lut.weight, model.tgt_embed[0].lut.weight, model.generator.proj.weight]

@@ -15,7 +15,9 @@ from annotated_transformer.text import (
     WordCodec,
     WordTokenizer,
     repeats_a_word,
+    shares_vocabulary,
     text_codec,
+    vocab_problem,
 )
 
 GERMAN = ["Ein Hund läuft über die Wiese.", "Zwei Hunde spielen im Schnee.", "Ein Mann trägt ein T-Shirt."]
@@ -73,6 +75,31 @@ def test_subwords_normalise_whitespace_as_the_training_data_was(codecs):
     assert pieces.source_ids(["A  dog\truns. "]) == pieces.source_ids(["A dog runs."])
     assert pieces.target_ids(["A  dog."]) == pieces.subwords.encode(["A dog."])
     assert len(pieces.token_texts()) == len(pieces.subwords) and pieces.token_texts() == pieces.token_texts(True)
+
+
+def test_a_subword_model_per_side_reads_the_source_and_writes_the_target(codecs):
+    _, shared = codecs
+    vocab = {
+        "kind": "sentencepiece",
+        "direction": "de-en",
+        "src_model": Subwords.train(GERMAN * 20, 300).model,
+        "tgt_model": Subwords.train(ENGLISH * 20, 310).model,
+    }
+    codec = text_codec(vocab)
+    assert isinstance(codec, SubwordCodec) and codec.source.model != codec.subwords.model
+    assert codec.source_ids(GERMAN) == codec.source.encode(GERMAN) != codec.subwords.encode(GERMAN)
+    assert codec.target_ids(ENGLISH) == codec.subwords.encode(ENGLISH) != codec.source.encode(ENGLISH)
+    assert [codec.decode(x) for x in codec.target_ids(ENGLISH)] == ENGLISH
+    assert (len(codec.token_texts(source=True)), len(codec.token_texts())) == (300, 310)
+    assert vocab_problem(vocab, 300, 310) is None
+    assert vocab_problem(vocab, 310, 310).startswith("has 300 source and 310 target subwords, but the model has 310")
+    assert vocab_problem({**vocab, "tgt_model": None}, 300, 310) == (
+        "of subwords holds no SentencePiece model for 'tgt_model'"
+    )
+    # the model shares the source embedding only where one vocabulary serves both sides
+    assert shares_vocabulary(vocab) is False and shares_vocabulary({"kind": "words"}) is False
+    assert shares_vocabulary({"kind": "sentencepiece", "model": shared.subwords.model}) is None
+    assert shares_vocabulary({"symbols": [3, 4]}) is shares_vocabulary(None) is None
 
 
 def test_repeats_a_word_finds_a_decoder_loop_and_nothing_else():

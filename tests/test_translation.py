@@ -18,9 +18,19 @@ from annotated_transformer import TransformerConfig, make_model
 from annotated_transformer.attention import subsequent_mask
 from annotated_transformer.checkpoints import save_checkpoint
 from annotated_transformer.data import load_multi30k, load_tatoeba
-from annotated_transformer.recipes import RECIPES, load_task
+from annotated_transformer.recipes import RECIPES, Recipe, load_task
 from annotated_transformer.runs import record_result
-from annotated_transformer.text import SPECIALS, UNK, SubwordCodec, Subwords, Vocab, WordCodec, WordTokenizer
+from annotated_transformer.text import (
+    SPECIALS,
+    UNK,
+    SubwordCodec,
+    Subwords,
+    Vocab,
+    WordCodec,
+    WordTokenizer,
+    dataset_subwords,
+    shares_vocabulary,
+)
 from annotated_transformer.training import BOS, EOS, PAD, greedy_decode, pad_sequences, train
 from annotated_transformer.translation import (
     ALPHA,
@@ -411,6 +421,18 @@ def test_subwords_must_be_a_positive_number_of_pieces_or_none():
     assert RECIPES["multi30k-tiny"].subwords is None and RECIPES["multi30k-tiny"].replace(subwords=500).subwords == 500
 
 
+def test_shared_subwords_is_a_choice_of_subword_recipes_and_absent_means_shared():
+    recipe = RECIPES["multi30k-cpu"]
+    for bad in (0, None, "no"):
+        with pytest.raises(ValueError, match="shared_subwords must be True or False"):
+            recipe.replace(shared_subwords=bad)
+    with pytest.raises(ValueError, match="shared_subwords=False learns a subword vocabulary per language: it needs"):
+        RECIPES["multi30k-tiny"].replace(shared_subwords=False)
+    stored = {k: v for k, v in recipe.to_dict().items() if k != "shared_subwords"}  # a run stored before the setting
+    assert recipe.differences(stored) == [] and Recipe.from_dict(stored) == recipe
+    assert recipe.replace(shared_subwords=False).differences(stored) == ["shared_subwords"]
+
+
 def test_multi30k_with_subwords_is_one_vocabulary_for_both_languages_and_directions():
     recipe = RECIPES["multi30k-cpu"]
     de_en, en_de = load_task(recipe), load_task(recipe.replace(direction="en-de"))
@@ -464,6 +486,40 @@ def test_tatoeba_is_a_subword_task_in_both_directions_scored_by_characters_into_
     assert main(["evaluate", *args, "--results", str(tmp_path)]) == 0
     out, err = capsys.readouterr()
     assert "translating Tatoeba valid with beam 1" in err and "tok:zh" in out and "tokenized" not in out
+
+
+@needs_mirror
+def test_tatoeba_with_a_vocabulary_per_language(tmp_path):
+    recipe = dataclasses.replace(RECIPES["multi30k-cpu"], task="tatoeba", direction="zh-en")
+    task, other = (
+        load_task(recipe.replace(shared_subwords=False)),
+        load_task(recipe.replace(shared_subwords=False, direction="en-zh")),
+    )
+    assert "model" not in task.vocab and task.vocab["src_model"] == other.vocab["tgt_model"]  # Chinese's, either side
+    chinese, english = Subwords(task.vocab["src_model"]), Subwords(task.vocab["tgt_model"])
+    assert (task.src_vocab, task.tgt_vocab) == (len(chinese), len(english)) == (4000, 4000)
+    assert not any("\u4e00" <= c <= "\u9fff" for i in range(len(english)) for c in english.processor.id_to_piece(i))
+    zh, en = load_tatoeba("valid")[0]
+    assert chinese.decode(task.valid[0][0][:-1]) == zh and english.decode(task.valid[0][1][1:-1]) == en
+    with pytest.raises(ValueError, match="tatoeba has no language 'de'; it has zh and en"):
+        dataset_subwords("tatoeba", 4000, "de")
+    # a checkpoint keeps both models, and the source embedding its own
+    torch.manual_seed(0)
+    config = TransformerConfig(N=1, d_model=32, d_ff=64, h=4)
+    model = make_model(task.src_vocab, task.tgt_vocab, config, shared_vocab=shares_vocabulary(task.vocab))
+    state = {
+        "config": dataclasses.asdict(config),
+        "model": model.state_dict(),
+        "step": 1,
+        "src_vocab": 4000,
+        "tgt_vocab": 4000,
+        "vocab": task.vocab,
+    }
+    translator = Translator.from_checkpoint(save_checkpoint(tmp_path / "step-000001.pt", state))
+    source, target = translator.model.src_embed[0].lut.weight, translator.model.tgt_embed[0].lut.weight
+    assert source is not target and torch.equal(source, model.src_embed[0].lut.weight)
+    assert translator.encode(["猫抓老鼠。"]) == [chinese.encode(["猫抓老鼠。"])[0] + [EOS]]
+    assert isinstance(translator.translate("猫抓老鼠。", beam_size=1, extra_len=2), str)
 
 
 def test_a_subword_run_translates_and_is_evaluated_on_multi30k(tiny_subword_run, tmp_path, monkeypatch, capsys):

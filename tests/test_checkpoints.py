@@ -196,11 +196,11 @@ def test_an_oversized_configuration_is_refused_before_anything_is_built(tmp_path
     built_on = []
     real_make_model = checkpoints.make_model
 
-    def make_model_watched(src_vocab, tgt_vocab, config):
+    def make_model_watched(src_vocab, tgt_vocab, config, **options):
         built_on.append(torch.empty(0).device.type)  # the device that factories use here
         if config.d_model == 32768 and built_on[-1] != "meta":
             raise AssertionError("the oversized model was built on a real device")
-        return real_make_model(src_vocab, tgt_vocab, config)
+        return real_make_model(src_vocab, tgt_vocab, config, **options)
 
     monkeypatch.setattr(checkpoints, "make_model", make_model_watched)
     with pytest.raises(CheckpointError) as refused:
@@ -222,10 +222,10 @@ def test_a_configuration_claiming_a_huge_sinusoid_table_is_refused(tmp_path, mon
     save_checkpoint(tmp_path / "long.pt", {**state, "config": {**state["config"], "max_len": 10**9}})
     real_make_model = checkpoints.make_model
 
-    def only_on_meta(*args):
+    def only_on_meta(*args, **options):
         if torch.empty(0).device.type != "meta":
             pytest.fail("a model was built for real")
-        return real_make_model(*args)
+        return real_make_model(*args, **options)
 
     monkeypatch.setattr(checkpoints, "make_model", only_on_meta)
     with pytest.raises(CheckpointError, match=r"long.pt: the stored configuration asks for 1,000,000,000 positions"):

@@ -166,7 +166,7 @@ def make_model(src_vocab: int, tgt_vocab: int, config: TransformerConfig | None 
             raise ValueError(f"{name} must be a positive number of tokens, got {size!r}")
     if shared_vocab and src_vocab != tgt_vocab:
         raise ValueError(f"one vocabulary (shared_vocab=True) has one size, got {src_vocab} source and {tgt_vocab} "
-                         "target tokens")
+                         "target tokens; two vocabularies take shared_vocab=False")
     fields = {f.name for f in dataclasses.fields(TransformerConfig)}
     if unknown := sorted(set(overrides) - fields):
         raise TypeError(f"unknown configuration field(s) {', '.join(unknown)}; the fields are {', '.join(sorted(fields))}")
@@ -196,6 +196,7 @@ def make_model(src_vocab: int, tgt_vocab: int, config: TransformerConfig | None 
             nn.init.zeros_(module.bias)
     if c.share_embeddings:
         model.generator.proj.weight = model.tgt_embed[0].lut.weight
-        if src_vocab == tgt_vocab if shared_vocab is None else shared_vocab:
+        one_vocabulary = src_vocab == tgt_vocab if shared_vocab is None else shared_vocab
+        if one_vocabulary:
             model.src_embed[0].lut.weight = model.tgt_embed[0].lut.weight
     return model

@@ -95,7 +95,7 @@ def tokenized_multi30k(split: str, direction: str = "de-en") -> tuple[list[list[
 
 # %% ../book/a6_text.ipynb #1c6c7695
 class Subwords:
-    """A SentencePiece model (one for both languages) with the package's special ids: <pad> 0, <s> 1, </s> 2,
+    """A SentencePiece model (one for both languages, or one per language) with the package's special ids: <pad> 0, <s> 1, </s> 2,
     <unk> 3. `encode` turns sentences into lists of ids (no specials), `decode` ids back into text; made from the
     model's bytes, which are what checkpoints store."""
 
@@ -348,8 +348,10 @@ def translation_task(recipe: Recipe, dataset: str, evaluation) -> Task:
                          "word vocabularies are Multi30k's only")
     raw = {split: load_pairs(dataset, split, direction) for split in ("train", "valid")}
     if recipe.subwords:
-        languages = direction.split("-") if not recipe.shared_subwords else [None, None]
-        sides = [dataset_subwords(dataset, recipe.subwords, language) for language in languages]  # source, target
+        if recipe.shared_subwords:
+            sides = [dataset_subwords(dataset, recipe.subwords)] * 2  # source, target
+        else:
+            sides = [dataset_subwords(dataset, recipe.subwords, language) for language in direction.split("-")]
         ids = {split: [subwords.encode([" ".join(x.split()) for x in side]) for subwords, side in zip(sides, zip(*pairs))]
                for split, pairs in raw.items()}
         models = {"model": sides[0].model} if recipe.shared_subwords else {"src_model": sides[0].model,

@@ -192,6 +192,9 @@ def wmt14_data(recipe: Recipe) -> Task:
     """The "wmt14" task: the prepared folder `recipe.data` (see `prepare_wmt14`) as memory-mapped `TokenData`, one
     shared vocabulary (so the embeddings and the output projection share one matrix, §3.4). The SentencePiece
     model goes into every checkpoint. The final evaluation is greedy BLEU on newstest2013."""
+    if not recipe.shared_subwords:
+        raise ValueError("the wmt14 task reads one SentencePiece vocabulary for both languages, the one `prepare` "
+                         "learned: shared_subwords=False is not available for it")
     folder = prepared_folder(recipe.data)
     manifest = read_manifest(folder)
     direction = recipe.direction or "en-de"

@@ -29,7 +29,6 @@ from annotated_transformer.text import (
     WordCodec,
     WordTokenizer,
     dataset_subwords,
-    shares_vocabulary,
 )
 from annotated_transformer.training import BOS, EOS, PAD, greedy_decode, pad_sequences, train
 from annotated_transformer.translation import (
@@ -503,22 +502,28 @@ def test_tatoeba_with_a_vocabulary_per_language(tmp_path):
     assert chinese.decode(task.valid[0][0][:-1]) == zh and english.decode(task.valid[0][1][1:-1]) == en
     with pytest.raises(ValueError, match="tatoeba has no language 'de'; it has zh and en"):
         dataset_subwords("tatoeba", 4000, "de")
-    # a checkpoint keeps both models, and the source embedding its own
-    torch.manual_seed(0)
-    config = TransformerConfig(N=1, d_model=32, d_ff=64, h=4)
-    model = make_model(task.src_vocab, task.tgt_vocab, config, shared_vocab=shares_vocabulary(task.vocab))
-    state = {
-        "config": dataclasses.asdict(config),
-        "model": model.state_dict(),
-        "step": 1,
-        "src_vocab": 4000,
-        "tgt_vocab": 4000,
-        "vocab": task.vocab,
-    }
-    translator = Translator.from_checkpoint(save_checkpoint(tmp_path / "step-000001.pt", state))
+    # trained (the task's vocabulary reaches make_model) and read back: the checkpoint keeps both models, and the
+    # source embedding is a matrix of its own; the target embedding is still the output layer's (§3.4)
+    tiny = recipe.replace(
+        shared_subwords=False,
+        N=1,
+        d_model=32,
+        d_ff=64,
+        h=4,
+        max_len=8,
+        steps=1,
+        eval_every=1,
+        checkpoint_every=1,
+        keep_checkpoints=1,
+        average_checkpoints=1,
+    )
+    with pytest.warns(UserWarning, match="were cut to fit"):  # the final check's sources, for 8 positions
+        train(tiny, tmp_path / "run", device="cpu", progress=False)
+    translator = Translator.from_checkpoint(tmp_path / "run")
     source, target = translator.model.src_embed[0].lut.weight, translator.model.tgt_embed[0].lut.weight
-    assert source is not target and torch.equal(source, model.src_embed[0].lut.weight)
-    assert translator.encode(["猫抓老鼠。"]) == [chinese.encode(["猫抓老鼠。"])[0] + [EOS]]
+    assert source is not target and not torch.equal(source, target) and translator.model.generator.proj.weight is target
+    assert translator.codec.source_ids(["猫抓老鼠。"]) == chinese.encode(["猫抓老鼠。"])
+    assert translator.codec.target_ids(["The cat."]) == english.encode(["The cat."])
     assert isinstance(translator.translate("猫抓老鼠。", beam_size=1, extra_len=2), str)
 
 

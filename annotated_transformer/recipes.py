@@ -231,8 +231,8 @@ RECIPES = {
     # without bf16 instructions (float32, validation included). The score was still rising there: see that chapter.
     # Both share one vocabulary, as their recorded runs did. A vocabulary of 4,000 pieces per language
     # (shared_subwords=False) scored higher into English on the validation split: 25.04 against 22.56 on average over
-    # three seeds on one GPU in bf16, 25.25 against 23.72 over two on this CPU in float32; into Chinese, 24.37 against
-    # 25.93 on the GPU. See that chapter.
+    # three seeds on one GPU in bf16 (one decoding), 25.25 against 23.72 over two on this CPU in float32 (each run's
+    # best of four decodings); into Chinese, 24.37 against 25.93 on the GPU. See that chapter.
     **{direction: Recipe(
         name=direction, task="tatoeba", direction=direction, subwords=4000,
         model=TransformerConfig(N=3, d_model=256, d_ff=512, h=4, dropout=0.1, label_smoothing=0.2),

@@ -75,7 +75,7 @@ _MODULES = {  # module: the public names it exports through the package
         "repeats_a_word",
         "text_codec",
     ],
-    "cache": ["cached_run", "run_modules"],
+    "cache": ["cached_run", "live_recipe", "run_modules"],
     "charts": ["chart_html", "chart_png", "markdown_table", "use_book_charts", "vendor_javascript"],
     "bench": ["bench_training", "bench_translation", "decoding_time_split", "run_benchmark", "use_path"],
     "measure": ["PeakMemory", "bench_table", "summarize", "write_benchmark"],

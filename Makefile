@@ -137,9 +137,10 @@ unit: $(STAMP)
 	$(PY) -m pytest tests -q -m "not slow" --ignore=tests/test_book.py --ignore=tests/test_browser.py \
 	  --ignore=tests/test_notebooks.py
 
-# AT_SMALL_MODELS=1: the chapters that read a recorded model (Seeing the heads, the Chinese translator) run small ones
-# through the same code, trained in minutes (Seeing the heads reads the book's live run), so that the suite fits its
-# budget; only their cells marked nbval-ignore-output print other numbers. The tests run in TEST_WORKERS processes
+# AT_SMALL_MODELS=1: the book's live run (the decoding, variations and speed chapters) is a stand-in of half its updates
+# (live_recipe()), and the chapters that read a recorded model (Seeing the heads, the Chinese translator) run small ones
+# through the same code, trained in minutes (Seeing the heads reads the live run's stand-in), so that the suite fits
+# its budget; only their cells marked nbval-ignore-output print other numbers. The tests run in TEST_WORKERS processes
 # (pytest-xdist), each file in one of them (a notebook's cells share a kernel); the notebooks that read the run cache
 # share one, and so do the test files that use the session's tiny runs (tests/conftest.py groups them), so that a run
 # is trained once. Each process computes on one thread (OMP_NUM_THREADS=1), so that two of them share two cores

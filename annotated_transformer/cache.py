@@ -7,6 +7,7 @@ keyed on its settings and on the code that trains it, and hands the same run to 
 __all__ = ['LIVE_RECIPE', 'run_modules', 'cached_run', 'live_recipe']
 
 # %% ../book/a8_run_cache.ipynb #7b2c4d91
+import dataclasses
 import hashlib
 import json
 import os
@@ -63,12 +64,13 @@ LIVE_RECIPE = "multi30k-tiny"  # the book's live run
 def live_recipe(small: bool | None = None) -> Recipe:
     """The recipe of the book's live run, which the decoding chapter trains through `cached_run` and the variations,
     speed and attention chapters read: `RECIPES[LIVE_RECIPE]`. With `small` (by default: the environment variable
-    `AT_SMALL_MODELS` is "1", as `make test` sets it), a stand-in that trains in about half the time: 250 updates
-    with a warm-up of 100 and the learning-rate factor 0.5, a checkpoint every 25 updates and the last 3 averaged."""
+    `AT_SMALL_MODELS` is "1", as `make test` sets it), a stand-in named LIVE_RECIPE + "-stand-in" with half the
+    updates: 250, with a warm-up of 100 and the learning-rate factor 0.5, a checkpoint every 25 updates and the last 3
+    averaged. The model and the data are the recipe's."""
     if small is None:
         small = os.environ.get("AT_SMALL_MODELS") == "1"
     recipe = RECIPES[LIVE_RECIPE]
     if small:
-        recipe = recipe.replace(steps=250, warmup=100, factor=0.5, checkpoint_every=25, keep_checkpoints=3,
-                                average_checkpoints=3)
+        recipe = dataclasses.replace(recipe, name=f"{LIVE_RECIPE}-stand-in").replace(
+            steps=250, warmup=100, factor=0.5, checkpoint_every=25, keep_checkpoints=3, average_checkpoints=3)
     return recipe

@@ -72,3 +72,23 @@ def test_every_module_that_can_change_a_run_is_in_the_key(tmp_path):
     for name in ("training.py", "cli.py", "new_idea.py"):
         (package / name).write_text("")
     assert [p.name for p in run_cache.run_modules(package)] == ["new_idea.py", "training.py"]
+
+
+def test_the_live_run_is_its_recipe_and_under_make_test_a_named_stand_in_of_the_same_model_and_data(monkeypatch):
+    monkeypatch.delenv("AT_SMALL_MODELS", raising=False)
+    assert run_cache.live_recipe() is RECIPES[run_cache.LIVE_RECIPE]
+    monkeypatch.setenv("AT_SMALL_MODELS", "1")  # as `make test` sets it
+    full, stand_in = run_cache.live_recipe(small=False), run_cache.live_recipe()
+    assert stand_in == run_cache.live_recipe(small=True) and stand_in.name == f"{run_cache.LIVE_RECIPE}-stand-in"
+    assert stand_in.model == full.model and (stand_in.task, stand_in.direction) == (full.task, full.direction)
+    assert stand_in.steps < full.steps and stand_in.average_checkpoints <= stand_in.keep_checkpoints
+    changed = set(full.differences(stand_in.to_dict()))
+    assert changed and changed <= {
+        "name",
+        "steps",
+        "warmup",
+        "factor",
+        "checkpoint_every",
+        "keep_checkpoints",
+        "average_checkpoints",
+    }  # how long and how it trains, not what it learns from

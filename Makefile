@@ -138,13 +138,14 @@ unit: $(STAMP)
 	  --ignore=tests/test_notebooks.py
 
 # AT_SMALL_MODELS=1: the book's live run (the decoding, variations and speed chapters) is a stand-in of half its updates
-# and a smaller vocabulary (live_recipe()), and the chapters that read a recorded model (Seeing the heads, the Chinese
-# translator) run small ones through the same code, trained in minutes (Seeing the heads reads the live run's
-# stand-in), so that the suite fits its budget; only their cells marked nbval-ignore-output print other numbers. The
-# tests run in TEST_WORKERS processes (pytest-xdist), each file in one of them (a notebook's cells share a kernel); the
-# notebooks that read the run cache share one, and so do the test files that use the session's tiny runs
-# (tests/conftest.py groups them), so that a run is trained once. Each process computes on one thread (OMP_NUM_THREADS=1), so that two of them share two cores
-# without contending for them. What a notebook prints does not depend on its thread count.
+# and smaller vocabularies (live_recipe(); with it, the decoding chapter's table covers 300 validation sentences), and
+# the chapters that read a recorded model (Seeing the heads, the Chinese translator) run small ones through the same
+# code, trained in minutes (Seeing the heads reads the live run's stand-in), so that the suite fits its budget; only
+# their cells marked nbval-ignore-output print other numbers. The tests run in TEST_WORKERS processes (pytest-xdist),
+# each file in one of them (a notebook's cells share a kernel); the notebooks that read the run cache share one, and so
+# do the test files that use the session's tiny runs (tests/conftest.py groups them), so that a run is trained once.
+# Each process computes on one thread (OMP_NUM_THREADS=1), so that two of them share two cores without contending for
+# them (three were measured slower). What a notebook prints does not depend on its thread count.
 TEST_WORKERS ?= 2
 test: lint check-export book-stored data
 	AT_SMALL_MODELS=1 OMP_NUM_THREADS=1 $(PY) -m pytest book tests -n $(TEST_WORKERS) --dist loadfile \

@@ -66,11 +66,12 @@ def live_recipe(small: bool | None = None) -> Recipe:
     speed and attention chapters read: `RECIPES[LIVE_RECIPE]`. With `small` (by default: the environment variable
     `AT_SMALL_MODELS` is "1", as `make test` sets it), a stand-in named LIVE_RECIPE + "-stand-in" with half the
     updates: 250, with a warm-up of 100 and the learning-rate factor 0.5, a checkpoint every 25 updates and the last 3
-    averaged, and vocabularies of the words seen at least 5 times. The model and the corpus are the recipe's."""
+    averaged, and vocabularies of the words seen at least 5 times. The architecture and the corpus are the recipe's."""
     if small is None:
         small = os.environ.get("AT_SMALL_MODELS") == "1"
     recipe = RECIPES[LIVE_RECIPE]
     if small:
         recipe = dataclasses.replace(recipe, name=f"{LIVE_RECIPE}-stand-in").replace(
-            steps=250, warmup=100, factor=0.5, checkpoint_every=25, keep_checkpoints=3, average_checkpoints=3, min_freq=5)
+            steps=250, warmup=100, factor=0.5, checkpoint_every=25, keep_checkpoints=3, average_checkpoints=3,
+            min_freq=5)
     return recipe

@@ -112,7 +112,7 @@ def _tiny_multi30k(tmp_path_factory, **settings):
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory):
     """A Multi30k translator of word vocabularies (words seen twice), trained for seconds: the translation tests
-    and the bench command's test share it. Returns (run directory, summary)."""
+    and the model commands' tests share it. Returns (run directory, summary)."""
     return _tiny_multi30k(tmp_path_factory, subwords=None, min_freq=2)
 
 

@@ -74,7 +74,9 @@ def test_every_module_that_can_change_a_run_is_in_the_key(tmp_path):
     assert [p.name for p in run_cache.run_modules(package)] == ["new_idea.py", "training.py"]
 
 
-def test_the_live_run_is_its_recipe_and_under_make_test_a_named_stand_in_of_the_same_model_and_corpus(monkeypatch):
+def test_the_live_run_is_its_recipe_and_under_make_test_a_named_stand_in_of_the_same_architecture_and_corpus(
+    monkeypatch,
+):
     monkeypatch.delenv("AT_SMALL_MODELS", raising=False)
     assert run_cache.live_recipe() is RECIPES[run_cache.LIVE_RECIPE]
     monkeypatch.setenv("AT_SMALL_MODELS", "1")  # as `make test` sets it
@@ -92,4 +94,4 @@ def test_the_live_run_is_its_recipe_and_under_make_test_a_named_stand_in_of_the_
         "keep_checkpoints",
         "average_checkpoints",
         "min_freq",
-    }  # how long and how it trains, and the vocabularies' cut-off; not the model, nor the corpus it learns from
+    }  # how long and how it trains, and the vocabularies' cut-off; not the architecture, nor the corpus

@@ -18,7 +18,7 @@ help:
 	@echo "make book    build the book into _build/html (English) and _build/html/zh_CN (Chinese), executing the notebooks (cached)"
 	@echo "make catalogues  bring the Chinese edition's catalogues (locales/zh_CN) in step with the English text"
 	@echo "make data   fetch and verify the data sets the notebooks read (into AT_DATA_DIR); make test runs it"
-	@echo "make export  regenerate annotated_transformer/ from the notebooks in book/"
+	@echo "make export  regenerate the paper's modules in annotated_transformer/ from the chapters in book/"
 	@echo "make venv    create $(VENV) with the pinned requirements and the package (editable)"
 	@echo "make requirements  regenerate requirements.txt from pyproject.toml (uv pip compile, keeping the pins it can)"
 	@echo "make bench   measure training and translation speed on this machine into results/bench-<device>.json"
@@ -80,9 +80,9 @@ check-export: $(STAMP)
 	  exit 1; \
 	fi; echo "annotated_transformer/ is in sync with book/"
 
-# Pinned, checksummed JavaScript (MathJax, Vega) so the book renders with no network.
+# Pinned, checksummed JavaScript (MathJax, Vega) so the book renders with no network (book/_ext/book_charts.py).
 vendor: $(STAMP)
-	$(PY) -c "from annotated_transformer.charts import vendor_javascript; vendor_javascript('$(VENDOR)')"
+	$(PY) book/_ext/book_charts.py vendor $(VENDOR)
 
 # Both editions: the English one into _build/html, the Chinese one (from the catalogues in locales/) into
 # _build/html/zh_CN. The Chinese build reads the English build's execution cache, so nothing is executed twice.
@@ -155,7 +155,8 @@ test: lint check-export book-stored data
 # before make test runs the notebooks in any order: their stored outputs come from a folder that holds the data
 # already, where no first-download notice is printed on stderr.
 data: $(STAMP)
-	$(PY) -c "from annotated_transformer.data import MULTI30K_SPLITS, WMT14_TEXT_FILES, load_multi30k, tatoeba_pairs, wmt14_file; \
+	$(PY) -c "from annotated_transformer.lib.datasets import MULTI30K_SPLITS, load_multi30k, tatoeba_pairs; \
+	from annotated_transformer.lib.wmt14_files import WMT14_TEXT_FILES, wmt14_file; \
 	[load_multi30k(split) for split in MULTI30K_SPLITS]; tatoeba_pairs(); [wmt14_file(name) for name in WMT14_TEXT_FILES]"
 
 # Throughput of the straightforward, fast, bf16 and compiled paths on this machine (about 7 minutes on 2 cores).

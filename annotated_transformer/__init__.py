@@ -1,8 +1,8 @@
 """The Annotated Transformer: "Attention Is All You Need" as a book of runnable notebooks and the package they export.
 
-This file is written by hand. It re-exports the public names of the generated modules lazily (PEP 562): a name is
-imported from its module the first time it is used, so `import annotated_transformer` (and the command line) does
-not pay for Altair, spaCy, sacreBLEU or SentencePiece unless something needs them.
+This file is written by hand. It re-exports the public names of the paper's modules and of the library lazily
+(PEP 562): a name is imported from its module the first time it is used, so `import annotated_transformer` (and the
+command line) does not pay for Altair, spaCy, sacreBLEU or SentencePiece unless something needs them.
 """
 
 import importlib
@@ -14,72 +14,55 @@ __version__ = "0.1.0"
 from .attention import attention, subsequent_mask
 
 _MODULES = {  # module: the public names it exports through the package
-    "multi_head": ["MultiHeadedAttention", "record_attention"],
+    # The paper, exported from the book's chapters.
+    "multi_head": ["MultiHeadedAttention", "explicit_attention", "record_attention"],
     "layers": ["DecoderLayer", "EncoderLayer", "PositionwiseFeedForward", "SublayerConnection"],
-    "encoding": ["Embeddings", "LearnedPositionalEmbedding", "PositionalEncoding", "sinusoidal_encoding"],
+    "encoding": ["Embeddings", "EmbeddingsWithPositions", "LearnedPositionalEmbedding", "PositionalEncoding",
+                 "sinusoidal_encoding"],
     "model": ["Decoder", "Encoder", "EncoderDecoder", "Generator", "TransformerConfig", "make_model"],
-    "data": [
-        "DataError",
-        "data_dir",
-        "fetch",
-        "load_multi30k",
-        "load_pairs",
-        "load_tatoeba",
-        "load_wmt14_test",
-        "read_lines",
-        "tatoeba_pairs",
-    ],
-    "checkpoints": [
-        "Checkpoint",
-        "CheckpointError",
-        "TrainingCheckpoint",
-        "export_model",
-        "load_checkpoint",
-        "model_from_checkpoint",
-        "save_checkpoint",
-    ],
-    "recipes": ["RECIPES", "TASKS", "Recipe", "load_task"],
-    "runs": ["RunDir", "record_result"],
-    "distributed": ["Processes", "accumulation_steps", "check_device", "launch", "process_group"],
     "training": [
         "Batch",
         "LabelSmoothing",
         "accumulate_gradients",
+        "copy_task",
         "greedy_decode",
         "make_optimizer",
+        "optimizer_step",
+        "padding_mask",
         "rate",
         "token_batches",
-        "train",
+        "train_model",
     ],
-    "translation": [
-        "Hypothesis",
-        "IncrementalDecoder",
-        "Translator",
+    "decoding": ["DecoderCache", "Hypothesis", "average_weights", "beam_search", "length_penalty"],
+    # The library that runs the paper at scale.
+    "lib.downloads": ["DataError", "data_dir", "fetch"],
+    "lib.datasets": ["load_multi30k", "load_pairs", "load_tatoeba", "read_lines", "tatoeba_pairs"],
+    "lib.wmt14_files": ["load_wmt14_test"],
+    "lib.tokenizers": ["Subwords", "Vocab", "WordTokenizer", "dataset_subwords", "multi30k_subwords"],
+    "lib.vocab": ["text_codec"],
+    "lib.recipes": ["RECIPES", "Recipe", "Task"],
+    "lib.tasks": ["TASKS", "load_task"],
+    "lib.checkpoints": [
+        "Checkpoint",
+        "CheckpointError",
+        "TrainingCheckpoint",
         "average_checkpoints",
-        "beam_search",
-        "corpus_scores",
-        "decode_batches",
-        "evaluate_translator",
-        "greedy_search",
-        "length_penalty",
-        "multi30k_data",
-        "tatoeba_data",
+        "load_checkpoint",
+        "model_from_checkpoint",
+        "save_checkpoint",
     ],
-    "variations": ["PAPER_TABLE3", "Variation", "run_variations", "score_run", "table3_rows", "variations_table"],
-    "text": [
-        "Subwords",
-        "Vocab",
-        "WordTokenizer",
-        "dataset_subwords",
-        "multi30k_subwords",
-        "repeats_a_word",
-        "text_codec",
-    ],
-    "cache": ["cached_run", "live_recipe", "run_modules"],
-    "charts": ["chart_html", "chart_png", "markdown_table", "use_book_charts", "vendor_javascript"],
-    "bench": ["bench_training", "bench_translation", "decoding_time_split", "run_benchmark", "use_path"],
-    "measure": ["PeakMemory", "bench_table", "summarize", "write_benchmark"],
-    "viz": [
+    "lib.pretrained": ["Transformer", "read_model", "save_pretrained"],
+    "lib.runs": ["RunDir"],
+    "lib.results": ["record_result"],
+    "lib.processes": ["Processes", "accumulation_steps", "launch", "process_group"],
+    "lib.devices": ["check_device"],
+    "lib.trainer": ["train"],
+    "lib.translate": ["Translator", "decode_batches"],
+    "lib.evaluate": ["corpus_scores", "evaluate_translator", "repeats_a_word"],
+    "lib.variations": ["PAPER_TABLE3", "Variation", "run_variations", "score_run", "table3_rows", "variations_table"],
+    "lib.bench": ["bench_training", "bench_translation", "decoding_time_split", "run_benchmark"],
+    "lib.measure": ["PeakMemory", "bench_table", "summarize", "write_benchmark"],
+    "lib.viz": [
         "CapturedAttention",
         "attention_chart",
         "attention_explorer",
@@ -87,15 +70,10 @@ _MODULES = {  # module: the public names it exports through the package
         "capture_attention",
         "head_statistics",
         "head_statistics_chart",
+        "save_chart",
         "uniform_attention",
     ],
-    "wmt": [
-        "TokenData",
-        "clean_pairs",
-        "evaluate_wmt14",
-        "prepare_wmt14",
-        "tokenized_bleu",
-    ],
+    "lib.wmt": ["TokenData", "clean_pairs", "evaluate_wmt14", "prepare_wmt14", "tokenized_bleu"],
 }
 _HOME = {name: module for module, names in _MODULES.items() for name in names}
 

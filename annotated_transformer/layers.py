@@ -67,8 +67,9 @@ class DecoderLayer(nn.Module):
     """One decoder layer (§3.1): masked self-attention, attention over the encoder output, feed-forward.
 
     `forward(x, memory, src_mask, tgt_mask)`: x is (batch, n_tgt, size), memory (batch, n_src, size),
-    src_mask (batch, 1, n_src) and tgt_mask (batch, n_tgt, n_tgt); returns (batch, n_tgt, size).
-    `sublayers` is the layer with its two attentions given as functions, for decoding one position at a time.
+    src_mask (batch, 1, n_src) and tgt_mask (batch, n_tgt, n_tgt); returns (batch, n_tgt, size). With `cache` (a
+    dict of the layer's own, when decoding one position at a time), x is the newest position of each row and the two
+    attentions reuse the keys and values of earlier positions and of the memory (`MultiHeadedAttention.incremental`).
     """
 
     def __init__(self, size: int, self_attn: nn.Module, src_attn: nn.Module, feed_forward: nn.Module,
@@ -78,13 +79,13 @@ class DecoderLayer(nn.Module):
         self.self_attn, self.src_attn, self.feed_forward = self_attn, src_attn, feed_forward
         self.sublayer = nn.ModuleList(SublayerConnection(size, dropout, norm_first) for _ in range(3))
 
-    def forward(self, x: Tensor, memory: Tensor, src_mask: Tensor | None, tgt_mask: Tensor | None) -> Tensor:
-        return self.sublayers(x, lambda x: self.self_attn(x, x, x, tgt_mask),
-                              lambda x: self.src_attn(x, memory, memory, src_mask))
-
-    def sublayers(self, x: Tensor, self_attention, source_attention) -> Tensor:
-        """The three sub-layers in order, with the two attentions given as functions of their input: `forward`
-        passes the plain ones; decoding one position at a time passes ones that reuse cached keys and values."""
-        x = self.sublayer[0](x, self_attention)
-        x = self.sublayer[1](x, source_attention)
+    def forward(self, x: Tensor, memory: Tensor, src_mask: Tensor | None, tgt_mask: Tensor | None,
+                cache: dict | None = None) -> Tensor:
+        if cache is None:
+            x = self.sublayer[0](x, lambda x: self.self_attn(x, x, x, tgt_mask))
+            x = self.sublayer[1](x, lambda x: self.src_attn(x, memory, memory, src_mask))
+        else:
+            x = self.sublayer[0](x, lambda x: self.self_attn.incremental(x, cache.setdefault("self", {})))
+            x = self.sublayer[1](x, lambda x: self.src_attn.incremental(x, cache.setdefault("source", {}), memory,
+                                                                         src_mask))
         return self.sublayer[2](x, self.feed_forward)

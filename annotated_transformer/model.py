@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
-from .encoding import Embeddings, LearnedPositionalEmbedding, PositionalEncoding
+from .encoding import (Embeddings, EmbeddingsWithPositions, LearnedPositionalEmbedding,
+                                            PositionalEncoding)
 from .layers import DecoderLayer, EncoderLayer, PositionwiseFeedForward
 from .multi_head import MultiHeadedAttention
 
@@ -39,7 +40,8 @@ class Decoder(nn.Module):
     """`N` copies of a `DecoderLayer` (§3.1); a final LayerNorm only when the layers are pre-norm.
 
     `forward(x, memory, src_mask, tgt_mask)`: x is the embedded target (batch, n_tgt, d_model); returns the
-    decoder states, (batch, n_tgt, d_model).
+    decoder states, (batch, n_tgt, d_model). With `cache` (decoding one position at a time: a `DecoderCache` of the
+    decoding chapter), x is the newest position and each layer reuses its part of the cache, `cache.layers[i]`.
     """
 
     def __init__(self, layer: DecoderLayer, N: int):
@@ -47,9 +49,10 @@ class Decoder(nn.Module):
         self.layers = nn.ModuleList(copy.deepcopy(layer) for _ in range(N))
         self.norm = nn.LayerNorm(layer.size) if layer.norm_first else nn.Identity()
 
-    def forward(self, x: Tensor, memory: Tensor, src_mask: Tensor | None, tgt_mask: Tensor | None) -> Tensor:
-        for layer in self.layers:
-            x = layer(x, memory, src_mask, tgt_mask)
+    def forward(self, x: Tensor, memory: Tensor, src_mask: Tensor | None, tgt_mask: Tensor | None,
+                cache=None) -> Tensor:
+        for i, layer in enumerate(self.layers):
+            x = layer(x, memory, src_mask, tgt_mask, None if cache is None else cache.layers[i])
         return self.norm(x)
 
 # %% ../book/05_model.ipynb #de82352a
@@ -69,7 +72,8 @@ class EncoderDecoder(nn.Module):
 
     `encode(src, src_mask)` maps (batch, n_src) token ids to the memory (batch, n_src, d_model);
     `decode(memory, src_mask, tgt, tgt_mask)` maps (batch, n_tgt) target ids to decoder states
-    (batch, n_tgt, d_model); `forward(src, tgt, src_mask, tgt_mask)` does both, and `generator(states)`
+    (batch, n_tgt, d_model), with `cache` one new position at a time (its states then (batch, 1, d_model); the
+    cache counts the positions fed); `forward(src, tgt, src_mask, tgt_mask)` does both, and `generator(states)`
     returns log-probabilities over the target vocabulary. Masks are boolean, True = may attend. `config` is the
     `TransformerConfig` the model was built from (`make_model`), kept as `model.config`.
     """
@@ -85,8 +89,13 @@ class EncoderDecoder(nn.Module):
     def encode(self, src: Tensor, src_mask: Tensor | None) -> Tensor:
         return self.encoder(self.src_embed(src), src_mask)
 
-    def decode(self, memory: Tensor, src_mask: Tensor | None, tgt: Tensor, tgt_mask: Tensor | None) -> Tensor:
-        return self.decoder(self.tgt_embed(tgt), memory, src_mask, tgt_mask)
+    def decode(self, memory: Tensor, src_mask: Tensor | None, tgt: Tensor, tgt_mask: Tensor | None,
+               cache=None) -> Tensor:
+        if cache is None:
+            return self.decoder(self.tgt_embed(tgt), memory, src_mask, tgt_mask)
+        states = self.decoder(self.tgt_embed(tgt, start=cache.length), memory, src_mask, tgt_mask, cache)
+        cache.length += tgt.size(1)
+        return states
 
     def forward(self, src: Tensor, tgt: Tensor, src_mask: Tensor | None, tgt_mask: Tensor | None) -> Tensor:
         return self.decode(self.encode(src, src_mask), src_mask, tgt, tgt_mask)
@@ -185,8 +194,8 @@ def make_model(src_vocab: int, tgt_vocab: int, config: TransformerConfig | None 
     model = EncoderDecoder(
         Encoder(EncoderLayer(c.d_model, attention(), feed_forward(), c.dropout, c.norm_first), c.N),
         Decoder(DecoderLayer(c.d_model, attention(), attention(), feed_forward(), c.dropout, c.norm_first), c.N),
-        nn.Sequential(Embeddings(c.d_model, src_vocab), positions()),
-        nn.Sequential(Embeddings(c.d_model, tgt_vocab), positions()),
+        EmbeddingsWithPositions(Embeddings(c.d_model, src_vocab), positions()),
+        EmbeddingsWithPositions(Embeddings(c.d_model, tgt_vocab), positions()),
         Generator(c.d_model, tgt_vocab),
         c,
     )

@@ -3,9 +3,16 @@
 import functools
 import os
 import re
+import sys
 from pathlib import Path
 
 import pytest
+
+# The book's tools (book/_ext: its charts, its run cache) are imported as the chapters import them, `_ext.<module>`,
+# from the book's folder.
+BOOK = Path(__file__).resolve().parents[1] / "book"
+if str(BOOK) not in sys.path:
+    sys.path.insert(0, str(BOOK))
 
 # Data sets come from the local mirror beside the project when there is one (no network needed), as in CI;
 # set before any notebook kernel starts, so the notebooks see it too.
@@ -87,8 +94,8 @@ def single_threaded_env():
 def _tiny_multi30k(tmp_path_factory, **settings):
     """`multi30k-cpu` trained for seconds (one layer of width 32, 40 updates, 3 checkpoints kept), with `settings`
     changed. Returns (run directory, summary)."""
-    from annotated_transformer.recipes import RECIPES
-    from annotated_transformer.training import train
+    from annotated_transformer.lib.recipes import RECIPES
+    from annotated_transformer.lib.trainer import train
 
     run_dir = tmp_path_factory.mktemp("runs") / "multi30k-tiny"
     recipe = RECIPES["multi30k-cpu"].replace(

@@ -1,6 +1,7 @@
-"""The benchmark (the speed chapter, 10_speed) and the fast paths it times: each fast path computes what the educational one does."""
+"""The benchmark (`annotated_transformer.lib.bench`) and the paths it times: each fast path computes what the book's
+explicit one does, beams share their sentence's memory, and the profiler's split of decoding adds up."""
 
-import json
+import contextlib
 
 import pytest
 import torch
@@ -8,14 +9,14 @@ from torch.profiler import ProfilerActivity, profile
 from torch.utils.flop_counter import FlopCounterMode
 
 from annotated_transformer import (
-    IncrementalDecoder,
-    MultiHeadedAttention,
+    DecoderCache,
     TransformerConfig,
+    explicit_attention,
     make_model,
     make_optimizer,
     subsequent_mask,
 )
-from annotated_transformer.bench import (
+from annotated_transformer.lib.bench import (
     bench_training,
     bench_translation,
     decoding_time_split,
@@ -24,15 +25,12 @@ from annotated_transformer.bench import (
     straightforward_batches,
     traced_calls,
     training_flops,
-    use_path,
 )
-from annotated_transformer.cli import main
-from annotated_transformer.distributed import bf16_supported
-from annotated_transformer.distributed import device_slug
-from annotated_transformer.measure import bench_table, matmul_peak
-from annotated_transformer.recipes import RECIPES
-from annotated_transformer.training import BOS, EOS, PAD, Batch, LabelSmoothing, copy_task, pad_sequences
-from annotated_transformer.translation import decode_batches
+from annotated_transformer.lib.devices import bf16_supported, device_slug
+from annotated_transformer.lib.measure import bench_table, matmul_peak
+from annotated_transformer.lib.translate import decode_batches
+from annotated_transformer.training import BOS, EOS, PAD, Batch, LabelSmoothing, copy_task, pad_sequences, padding_mask
+from helpers import sharp_model
 
 TINY = TransformerConfig(N=1, d_model=32, d_ff=64, h=2)
 
@@ -40,12 +38,9 @@ TINY = TransformerConfig(N=1, d_model=32, d_ff=64, h=2)
 @pytest.fixture
 def small_peak(monkeypatch):
     "The benchmark measures its peak on products of 256 x 256 matrices, for tests that need no true peak."
-    import annotated_transformer.bench as bench
+    import annotated_transformer.lib.bench as bench
 
     monkeypatch.setattr(bench, "matmul_peak", lambda device, dtype: matmul_peak(device, dtype, size=256))
-
-
-# The fast paths compute the same function
 
 
 @pytest.mark.parametrize("norm_first", [False, True])
@@ -55,12 +50,10 @@ def test_fast_and_straightforward_paths_give_the_same_loss_and_gradients(norm_fi
     batch = Batch(pad_sequences([[5, 6, 7, EOS], [8, EOS]]), pad_sequences([[BOS, 9, 10, 11, EOS], [BOS, 12, EOS]]))
     criterion = LabelSmoothing(40, PAD, 0.1)
     found = []
-    for fast in (False, True):
-        use_path(model, fast)
-        attentions = [m for m in model.modules() if isinstance(m, MultiHeadedAttention)]
-        assert all(m.explicit is not fast and m.fused is fast for m in attentions)
+    for scope in (explicit_attention, contextlib.nullcontext):  # the book's attention, then PyTorch's fused kernel
         model.zero_grad()
-        log_probs = model.generator(model(batch.src, batch.tgt_in, batch.src_mask, batch.tgt_mask))
+        with scope():
+            log_probs = model.generator(model(batch.src, batch.tgt_in, batch.src_mask, batch.tgt_mask))
         loss = criterion(log_probs.reshape(-1, 40), batch.tgt_y.reshape(-1))
         loss.backward()
         found.append((loss.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]))
@@ -69,77 +62,52 @@ def test_fast_and_straightforward_paths_give_the_same_loss_and_gradients(norm_fi
         torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)
 
 
-def _sharp_model(seed: int):
-    torch.manual_seed(seed)
-    model = make_model(30, 30, N=2, d_model=32, d_ff=64, h=4).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.mul_(2.5)
-    return model.double()
-
-
-@pytest.mark.parametrize("cache", [True, False])
-def test_beams_share_their_sentence_memory_and_match_a_full_pass(cache):
-    model = _sharp_model(3)
+def test_beams_share_their_sentence_memory_and_match_a_full_pass():
+    model = sharp_model(3)
     src = pad_sequences([[5, 6, 7, EOS], [8, 9, 10, 11, 12, 13, EOS]])
-    src_mask = (src != PAD)[:, None, :]
+    src_mask = padding_mask(src)
     beam = 3
     tgt = torch.randint(3, 30, (2 * beam, 6), generator=torch.Generator().manual_seed(4))
     tgt[:, 0] = BOS
     with torch.no_grad():
-        memory = model.encode(src, src_mask)
+        memory = model.encode(src, src_mask)  # one row per sentence; the cache serves `beam` rows from each
         rows = torch.arange(2).repeat_interleave(beam)
-        decoder = IncrementalDecoder(model, memory, src_mask, cache=cache, beam_size=beam)
+        cache = DecoderCache(len(model.decoder.layers))
         for t in range(3):
-            decoder.step(tgt[:, t])
+            model.decode(memory, src_mask, tgt[:, t : t + 1], None, cache)
+        assert cache.layers[0]["source"]["keys"].size(0) == 2  # the memory's keys: once per sentence
         # Reorder the beams inside each sentence, then drop the first sentence.
-        decoder.select(torch.tensor([2, 0, 1, 5, 5, 3]))
         order = [2, 0, 1, 5, 5, 3]
+        cache.select(torch.tensor(order))
         again = model.generator(
             model.decode(memory[rows[order]], src_mask[rows[order]], tgt[order], subsequent_mask(6))
         )
-        torch.testing.assert_close(decoder.step(tgt[order, 3]), again[:, 3], atol=1e-10, rtol=1e-10)
-        decoder.select(torch.tensor([3, 4, 5]))
+        step = model.generator(model.decode(memory, src_mask, tgt[order, 3:4], None, cache))[:, -1]
+        torch.testing.assert_close(step, again[:, 3], atol=1e-10, rtol=1e-10)
+        cache.select(torch.tensor([3, 4, 5]), torch.tensor([1]))
         kept = [order[i] for i in (3, 4, 5)]
-        torch.testing.assert_close(decoder.step(tgt[kept, 4]), again[3:, 4], atol=1e-10, rtol=1e-10)
-        assert decoder.memory.size(0) == 1 and decoder.rows == 3
+        step = model.generator(model.decode(memory[[1]], src_mask[[1]], tgt[kept, 4:5], None, cache))[:, -1]
+        torch.testing.assert_close(step, again[3:, 4], atol=1e-10, rtol=1e-10)
+        assert cache.layers[0]["source"]["keys"].size(0) == 1 and cache.layers[0]["self"]["keys"].size(0) == 3
 
 
 @pytest.mark.parametrize("order", [[5, 4, 0, 1], [2, 3, 4, 5, 0, 1]])  # one sentence leaves; all three move
-@pytest.mark.parametrize("cache", [True, False])
-def test_selecting_sentences_in_another_order_moves_their_memory(cache, order):
-    model = _sharp_model(7)
+def test_selecting_sentences_in_another_order_moves_their_memory(order):
+    model = sharp_model(7)
     src = pad_sequences([[5, 6, 7, EOS], [8, 9, 10, 11, 12, 13, EOS], [14, EOS]])
-    src_mask = (src != PAD)[:, None, :]
+    src_mask = padding_mask(src)
     tgt = torch.randint(3, 30, (6, 4), generator=torch.Generator().manual_seed(8))
     with torch.no_grad():
         memory = model.encode(src, src_mask)
         rows = torch.arange(3).repeat_interleave(2)
         full = model.generator(model.decode(memory[rows[order]], src_mask[rows[order]], tgt[order], subsequent_mask(4)))
-        decoder = IncrementalDecoder(model, memory, src_mask, cache=cache, beam_size=2)
+        cache = DecoderCache(len(model.decoder.layers))
         for t in range(2):
-            decoder.step(tgt[:, t])
-        decoder.select(torch.tensor(order))
-        torch.testing.assert_close(decoder.step(tgt[order, 2]), full[:, 2], atol=1e-10, rtol=1e-10)
-        with pytest.raises(ValueError, match="whole groups of 2 rows, got 3"):
-            decoder.select(torch.tensor([0, 1, 2]))
-    with pytest.raises(ValueError, match="beam_size must be a positive integer"):
-        IncrementalDecoder(model, memory, src_mask, beam_size=0)
-
-
-def test_a_beam_group_must_come_from_one_sentence():
-    model = _sharp_model(5)
-    src = pad_sequences([[5, 6, EOS], [7, EOS]])
-    with torch.no_grad():
-        decoder = IncrementalDecoder(
-            model, model.encode(src, (src != PAD)[:, None, :]), (src != PAD)[:, None, :], beam_size=2
-        )
-        decoder.step(torch.full((4,), BOS))
-        with pytest.raises(ValueError, match="whole groups of 2 rows"):
-            decoder.select(torch.tensor([0, 2, 1, 3]))
-
-
-# Pieces of the benchmark
+            model.decode(memory, src_mask, tgt[:, t : t + 1], None, cache)
+        sentences = torch.tensor(order[::2]) // 2  # the sentence of each kept pair of rows
+        cache.select(torch.tensor(order), sentences)
+        step = model.generator(model.decode(memory[sentences], src_mask[sentences], tgt[order, 2:3], None, cache))
+        torch.testing.assert_close(step[:, -1], full[:, 2], atol=1e-10, rtol=1e-10)
 
 
 def test_straightforward_batches_cover_every_sentence_once_in_random_order():
@@ -160,11 +128,10 @@ def test_device_names_and_peaks():
 def test_training_flops_count_what_runs_forward_and_backward():
     torch.manual_seed(0)
     model = make_model(50, 60, N=2, d_model=32, d_ff=64, h=4, share_embeddings=False)
-    use_path(model, fast=False)  # the explicit path: every product is a matmul the counter sees
     for src_len, tgt_len in ((9, 7), (3, 15), (20, 2)):
         batch = Batch(torch.randint(4, 50, (3, src_len)), torch.randint(4, 60, (3, tgt_len)))  # no padding
         counter = FlopCounterMode(display=False)
-        with counter:
+        with counter, explicit_attention():  # the explicit path: every product is a matmul the counter sees
             log_probs = model.generator(model(batch.src, batch.tgt_in, batch.src_mask, batch.tgt_mask))
             log_probs.sum().backward()
         assert counter.get_total_flops() == pytest.approx(
@@ -180,7 +147,7 @@ def copy_pairs(n: int):
     "path, batching", [("straightforward", None), ("fast", None), ("fast", "random"), ("bf16", None)]
 )
 def test_training_benchmark_reports_real_tokens_and_padding(path, batching, monkeypatch):
-    import annotated_transformer.bench as bench
+    import annotated_transformer.lib.bench as bench
 
     made = []
 
@@ -218,7 +185,7 @@ def test_training_benchmark_refuses_unknown_paths_and_too_few_batches():
 
 @pytest.mark.slow
 def test_translation_benchmark_compares_identical_outputs():
-    model = _sharp_model(6).float()
+    model = sharp_model(6).float()
     sources = [
         torch.randint(4, 30, (n,), generator=torch.Generator().manual_seed(n)).tolist() + [EOS]
         for n in (3, 9, 5, 12, 7)
@@ -246,9 +213,10 @@ def _sources():
 
 @pytest.mark.parametrize("cache", [True, False])
 def test_the_profiler_sees_each_call_of_each_part(cache):
-    """Greedy decoding of 5 sentences, 4 per batch: per batch one encoder call and one set-up, one step and one
-    output layer per position of its longest translation (with </s>), one select after every step but the last."""
-    model = _sharp_model(6).float()
+    """Greedy decoding of 5 sentences, 4 per batch: per batch one encoder call, one decoder call and one output layer
+    per position of its longest translation (with </s>), and with the cache one select after every step but the
+    last."""
+    model = sharp_model(6).float()
     sources = _sources()
     with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
         outputs = decode_batches(model, sources, 4, 1, cache=cache)
@@ -257,10 +225,9 @@ def test_the_profiler_sees_each_call_of_each_part(cache):
     steps = [max(len(outputs[i]) + 1 for i in order[start : start + 4]) for start in (0, 4)]
     assert {kind: len(durations) for kind, durations in calls.items()} == {
         "encoder": 2,
-        "setup": 2,
-        "step": sum(steps),
+        "decoder": sum(steps),
         "output_layer": sum(steps),
-        "select": sum(steps) - 2,
+        "select": sum(steps) - 2 if cache else 0,
     }
     assert all(d >= 0 for durations in calls.values() for d in durations)
 
@@ -270,10 +237,10 @@ def test_the_time_split_adds_up_and_leaves_everything_as_it_was(cache):
     """The parts are non-negative and add up to the total; each part the run has is non-zero; afterwards (also
     after a run that fails) the model, its modules and the decoder class are unchanged, no profiler is left
     running, and decoding gives what it gave before."""
-    model = _sharp_model(6).float()
+    model = sharp_model(6).float()
     sources = _sources()
     expected = decode_batches(model, sources, 4, 2, cache=cache)
-    classes = dict(vars(IncrementalDecoder))
+    classes = dict(vars(DecoderCache))
     weights = {k: v.clone() for k, v in model.state_dict().items()}
     split = decoding_time_split(model, sources, 4, 2, cache)
     assert list(split) == ["encoder", "decoder", "output_layer", "search", "total"]
@@ -290,7 +257,7 @@ def test_the_time_split_adds_up_and_leaves_everything_as_it_was(cache):
         decoding_time_split(model, sources, 4, 2, cache)
     del model.generator.forward
     assert not torch.autograd.profiler._is_profiler_enabled
-    assert dict(vars(IncrementalDecoder)) == classes
+    assert dict(vars(DecoderCache)) == classes
     assert all(not m._forward_hooks and not m._forward_pre_hooks and "forward" not in vars(m) for m in model.modules())
     assert all(torch.equal(weights[k], v) for k, v in model.state_dict().items())
     assert decode_batches(model, sources, 4, 2, cache=cache) == expected
@@ -310,76 +277,25 @@ def test_traced_calls_attribute_calls_by_name():
         def duration_ns(self):
             return self._ns
 
-    model = _sharp_model(0)
-    step = IncrementalDecoder.step.__code__
+    model = sharp_model(0)
+    select = DecoderCache.select.__code__
     events = [
         Event("nn.Module: Encoder_0", 5_000),
         Event("nn.Module: EncoderLayer_0", 1),
-        Event(f"/somewhere/annotated_transformer/translation.py({step.co_firstlineno}): step", 7_000),
-        Event(f"annotated_transformer\\translation.py({step.co_firstlineno}): step", 3_000),
-        Event(f"translation.py({step.co_firstlineno + 1}): step", 1),
+        Event("nn.Module: Decoder_0", 4_000),
+        Event("nn.Module: DecoderLayer_1", 1),
+        Event(f"/somewhere/annotated_transformer/decoding.py({select.co_firstlineno}): select", 7_000),
+        Event(f"annotated_transformer\\decoding.py({select.co_firstlineno}): select", 3_000),
+        Event(f"decoding.py({select.co_firstlineno + 1}): select", 1),
         Event("nn.Module: Generator_0", 2_000),
         Event("aten::mm", 1),
     ]
     assert traced_calls(events, model) == {
         "encoder": [5e-6],
+        "decoder": [4e-6],
         "output_layer": [2e-6],
-        "setup": [],
-        "step": [7e-6, 3e-6],
-        "select": [],
+        "select": [7e-6, 3e-6],
     }
-
-
-@pytest.mark.slow
-def test_the_bench_command_measures_every_case_and_writes_results_and_a_table(
-    tiny_subword_run, tmp_path, monkeypatch, capsys, small_peak
-):
-    import annotated_transformer.bench as bench  # the command imports run_benchmark from here when it runs
-
-    result = {}
-
-    def quick(**kwargs):  # the command's own arguments, with a tiny model and few sentences
-        result.update(run_benchmark(**kwargs, updates=1, sentences={1: 2, 64: 6}, models={"tiny": (TINY, 300)}))
-        return result
-
-    monkeypatch.setattr(bench, "run_benchmark", quick)
-    out_dir = tmp_path / "results"
-    command = ["bench", "--checkpoint", str(tiny_subword_run[0]), "--repeats", "1", "--device", "cpu"]
-    assert main([*command, "--out", str(out_dir)]) == 0
-    out, err = capsys.readouterr()
-    bf16 = [("bf16", "length")] if bf16_supported("cpu") else []  # where the CPU computes in bf16
-    cases = [
-        ("straightforward", "random"),
-        ("fast", "length"),
-        *bf16,
-        ("straightforward", "length"),
-        ("fast", "random"),
-    ]
-    assert err.splitlines()[: len(cases)] == [f"training tiny: {path}, {batching} batches" for path, batching in cases]
-    assert [(r["path"], r["batching"]) for r in result["training"]] == cases  # each change alone after the two paths
-    assert result["training"][0]["speedup"] == 1.0 and "compile" in result
-    peaks = result["matmul_peak"]  # measured here; MFU against the bf16 rate where there is one
-    assert peaks["float32"] > 0 and result["mfu_peak"] == (peaks["bfloat16"] or peaks["float32"])
-    assert all(r["mfu"] == pytest.approx(r["achieved_flops"] / result["mfu_peak"]) for r in result["training"])
-    assert [r["bf16_autocast"] for r in result["training"]] == [path == "bf16" for path, _ in cases]
-    assert len(result["translation"]) == 8 and all(r["same_as_other_path"] == 1.0 for r in result["translation"])
-    vocab = RECIPES["multi30k-cpu"].subwords  # one shared vocabulary
-    assert (result["translation_model"]["src_vocab"], result["translation_model"]["tgt_vocab"]) == (vocab, vocab)
-    for r in result["translation"]:
-        other = next(
-            o
-            for o in result["translation"]
-            if (o["batch_size"], o["beam_size"], o["cache"]) == (r["batch_size"], r["beam_size"], False)
-        )
-        assert r["speedup"] == pytest.approx(r["tokens_per_s"]["median"] / other["tokens_per_s"]["median"])
-        shared = r["seconds"]["total"] - r["seconds"]["decoder"]  # what a free decoder would leave
-        assert r["speedup_bound"] == (pytest.approx(other["seconds"]["total"] / shared) if r["cache"] else None)
-    json_path = out_dir / f"bench-{device_slug(result['device_name'])}.json"
-    assert sorted(p.name for p in out_dir.iterdir()) == [json_path.name, json_path.with_suffix(".md").name]  # no temp
-    assert json.loads(json_path.read_text())["translation"] == result["translation"]
-    table = json_path.with_suffix(".md").read_text()
-    assert result["device_name"] in table and table.count("\n| ") == len(cases) + 8 + 2 + 8 + 1  # rows, headers
-    assert bench_table(result) in out and "| 64 | beam 4 | yes |" in out
 
 
 @pytest.mark.slow
@@ -399,33 +315,9 @@ def test_a_compiler_failure_is_recorded_and_the_rest_measured(monkeypatch, small
     assert "| tiny | compiled | length | failed: RuntimeError: no C compiler found |" in bench_table(result)
 
 
-def test_bench_command_needs_a_translator_or_no_translation(tmp_path, monkeypatch, capsys):
-    monkeypatch.chdir(tmp_path)
-    assert main(["bench"]) == 2
-    err = capsys.readouterr().err
-    assert "train multi30k-cpu" in err and "--no-translation" in err and err.count("\n") == 1
-
-
-def test_bench_command_without_translation(tmp_path, monkeypatch, capsys, small_peak):
-    import annotated_transformer.bench as bench  # the command imports run_benchmark from here when it runs
-
-    seen = {}
-
-    def quick(**kwargs):
-        seen.update(kwargs)
-        return run_benchmark(**kwargs, updates=1, models={"tiny": (TINY, 300)})
-
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(bench, "run_benchmark", quick)
-    assert main(["bench", "--no-translation", "--repeats", "1", "--device", "cpu"]) == 0
-    assert seen["checkpoint"] is None and seen["compile"] is None
-    assert "Translation: not measured" in capsys.readouterr().out
-    assert len(list((tmp_path / "results").glob("bench-*.json"))) == 1
-
-
 @pytest.mark.parametrize("supported", [True, False])
 def test_the_bf16_path_autocasts_only_where_the_device_has_bf16_and_mfu_takes_the_given_peak(supported, monkeypatch):
-    from annotated_transformer import bench
+    from annotated_transformer.lib import bench
 
     monkeypatch.setattr(bench, "bf16_supported", lambda device: supported)
     r = bench_training(TINY, copy_pairs(400), 13, 13, "bf16", "cpu", max_tokens=200, updates=1, repeats=1, peak=1e12)

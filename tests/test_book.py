@@ -18,7 +18,7 @@ import yaml
 from pybtex.database import parse_file
 from sphinxcontrib.bibtex.citation_target import parse_citation_targets
 
-from annotated_transformer.text import repeats_a_word
+from annotated_transformer.lib.evaluate import repeats_a_word
 
 ROOT = Path(__file__).resolve().parents[1]
 BOOK = ROOT / "book"
@@ -27,22 +27,44 @@ NOTEBOOKS = sorted(BOOK.glob("*.ipynb"))
 CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text(encoding="utf-8"))
 TOC = [c["file"] for part in yaml.safe_load((ROOT / "_toc.yml").read_text())["parts"] for c in part["chapters"]]
 CHAPTERS = [f for f in TOC if (ROOT / f"{f}.ipynb").is_file()]  # the other entries are Markdown pages
-# The first part of the book, one chapter per section of the paper (NN_name); the second, "Under the hood", is aN_name.
+# The first part of the book, one chapter per section of the paper (NN_name); the second, "The library", is aNN_name,
+# a page per module; the third, "Reference", rNN_name (results pages) and the Markdown pages.
 PAPER_CHAPTERS = [f for f in CHAPTERS if re.fullmatch(r"book/\d\d_\w+", f)]
+LIBRARY_PAGES = [f for f in CHAPTERS if re.fullmatch(r"book/a\d\d_\w+", f)]
+PACKAGE_FOLDER = ROOT / "annotated_transformer"
+
+
+def dotted(path: Path) -> str:
+    "annotated_transformer/lib/runs.py -> lib.runs; a package's __init__.py: the package ('' for the top)."
+    parts = path.relative_to(PACKAGE_FOLDER).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+# Every module of the package with a section in the API reference (the lazy index, nbdev's and `lib`'s docstring aside).
 MODULES = sorted(
-    p.stem for p in (ROOT / "annotated_transformer").glob("*.py") if p.stem not in {"_modidx", "__init__", "__main__"}
+    dotted(p)
+    for p in PACKAGE_FOLDER.rglob("*.py")
+    if p.name not in ("_modidx.py", "__main__.py") and dotted(p) not in ("", "lib")
 )
 API = (BOOK / "api.md").read_text(encoding="utf-8")
 
 _pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
 PACKAGE = re.search(r'^name = "([^"]+)"', _pyproject, flags=re.M).group(1)
 REPOSITORY = re.search(r'^Repository = "([^"]+)"', _pyproject, flags=re.M).group(1)
-# The first cell of every notebook: on Colab or Binder the package is missing, so it is installed from GitHub.
-INSTALL_CELL = f'''# On Colab or Binder, install the package this book is the source of (locally it is installed already).
+# The first cell of every notebook: Colab opens a notebook alone, so the book is cloned beside it (its tools are in
+# book/_ext); on Colab or Binder the package is missing, so it is installed from the clone.
+INSTALL_CELL = f"""# Colab opens a notebook alone, and Binder a clone without the package installed: get what the chapter needs, the
+# book's tools (book/_ext, beside the notebooks) and the package the book is the source of. Locally both are there.
+import os
+
+if not os.path.isdir("_ext"):
+    if not os.path.isdir(os.path.expanduser("~/{REPOSITORY.rsplit("/", 1)[1]}")):  # cloned already for another notebook
+        !git clone --quiet --depth 1 {REPOSITORY} ~/{REPOSITORY.rsplit("/", 1)[1]}
+    %cd ~/{REPOSITORY.rsplit("/", 1)[1]}/book
 try:
     import annotated_transformer
 except ImportError:
-    %pip install --quiet "{PACKAGE} @ git+{REPOSITORY}"'''
+    %pip install --quiet .."""
 
 # {cite}`key`, {cite:t}`a,b`, {cite:p}`{see}key{§6.1}`: one role, one or more keys, each with optional pre/post-text.
 CITE_ROLE = re.compile(r"\{cite(?::[a-z]+)*\}`([^`]+)`")
@@ -123,18 +145,29 @@ def test_citation_syntax():
 
 
 def test_every_module_is_in_the_api_reference():
-    documented = re.findall(r"^\.\. automodule:: annotated_transformer\.(\w+)\s*$", API, flags=re.M)
+    documented = re.findall(r"^\.\. automodule:: annotated_transformer\.([\w.]+)\s*$", API, flags=re.M)
     assert sorted(documented) == MODULES, "book/api.md needs one automodule section per module, and no other"
     assert len(documented) == len(set(documented))
 
 
 def test_api_sections_link_to_their_chapters():
-    "Each section of book/api.md links to the chapter that writes its module (the chapter's `#| default_exp`)."
+    """Each section of book/api.md links to the page that explains its module: the chapter that writes it (its
+    `#| default_exp`) for the paper's modules, a page that names it for the library's and the command line's."""
     exports = {exported_module(path): path.stem for path in NOTEBOOKS}
     sections = re.split(r"^\(api-[\w-]+\)=\n", API, flags=re.M)[1:]
+    assert sections
     for section in sections:
-        module = re.search(r"automodule:: annotated_transformer\.(\w+)", section).group(1)
-        assert f"{{doc}}`{exports[module]}`" in section, f"the API section of {module} must link to {exports[module]}"
+        module = re.search(r"automodule:: annotated_transformer\.([\w.]+)", section).group(1)
+        if module in exports:
+            assert f"{{doc}}`{exports[module]}`" in section, (
+                f"the API section of {module} must link to {exports[module]}"
+            )
+        else:
+            page = re.search(r"\{doc\}`(\w+)`", section).group(1)
+            text = (BOOK / f"{page}.ipynb").read_text(encoding="utf-8")
+            assert module.rsplit(".", 1)[-1] in text, (
+                f"{page} links to from the API section of {module}, but names it not"
+            )
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS)
@@ -144,7 +177,8 @@ def test_chapter_links_to_its_api_section(chapter):
     if module is None:
         pytest.skip("exports no module")
     labels = {
-        m: label for label, m in re.findall(r"^\((api-[\w-]+)\)=\n## .*`annotated_transformer\.(\w+)`", API, flags=re.M)
+        m: label
+        for label, m in re.findall(r"^\((api-[\w-]+)\)=\n###? .*`annotated_transformer\.(\w+)`", API, flags=re.M)
     }
     label = labels[module]
     nb = nbformat.read(ROOT / f"{chapter}.ipynb", as_version=4)
@@ -156,8 +190,8 @@ def test_chapter_links_to_its_api_section(chapter):
 def test_chapter_opens_with_its_section_and_closes_with_a_summary(chapter):
     nb = nbformat.read(ROOT / f"{chapter}.ipynb", as_version=4)
     title = next(c for c in nb.cells if c.cell_type == "markdown")
-    # "*Section 3.2.1 of ...*", "*Sections 4 and 5.2 of ...*"; under the hood, "*Under the hood: no section ...*"
-    opening = r"^\*Sections? \d" if chapter in PAPER_CHAPTERS else r"^\*(Under the hood: n|N)o section"
+    # "*Section 3.2.1 of ...*", "*Sections 4 and 5.2 of ...*"; "*The library: no section ...*", "*Reference: no ...*"
+    opening = r"^\*Sections? \d" if chapter in PAPER_CHAPTERS else r"^\*(The library|Reference): no section"
     assert re.search(opening, title.source, flags=re.M), (
         f"{chapter}: the first cell names the section of the paper it annotates, in an italic line"
     )
@@ -180,7 +214,7 @@ def test_exported_cells_are_recognised():
 
 @pytest.mark.parametrize("chapter", PAPER_CHAPTERS)
 def test_paper_chapters_show_their_code_in_short_cells(chapter):
-    "A paper chapter shows the paper's code a class or a function at a time; longer machinery lives under the hood."
+    "A paper chapter shows the paper's code a class or a function at a time; the machinery is the library's."
     cells = nbformat.read(ROOT / f"{chapter}.ipynb", as_version=4).cells
     long = {
         i: len(c.source.splitlines())
@@ -255,9 +289,9 @@ def test_the_landing_page_maps_every_chapter_in_order():
     assert list(dict.fromkeys(linked)) == [Path(c).name for c in CHAPTERS]
 
 
-@pytest.mark.parametrize("module", ["training", "translation"])
+@pytest.mark.parametrize("module", ["training", "decoding"])
 def test_the_paper_modules_stay_readable(module):
-    "The modules of the training and decoding chapters hold the paper's code; plumbing goes to the modules under the hood."
+    "The modules of the training and decoding chapters hold the paper's code; the machinery is the library's."
     lines = len((ROOT / "annotated_transformer" / f"{module}.py").read_text(encoding="utf-8").splitlines())
     assert lines < 500, f"annotated_transformer/{module}.py has {lines} lines"
 
@@ -343,10 +377,13 @@ def test_api_page_documents_the_package(edition):
     for name in (
         "model.make_model",
         "model.TransformerConfig",
-        "translation.beam_search",
+        "decoding.beam_search",
         "attention.attention",
         "multi_head.MultiHeadedAttention",
-        "training.train",
+        "training.train_model",
+        "lib.trainer.train",
+        "lib.pretrained.Transformer",
+        "lib.translate.Translator",
         "cli.main",
     ):
         assert f'id="annotated_transformer.{name}"' in html, f"{name} is not documented"
@@ -354,11 +391,11 @@ def test_api_page_documents_the_package(edition):
     for chapter in (
         "05_model",
         "07_decoding",
-        "09_attention_heads",
-        "11_scaling_wmt",
-        "a2_runs",
-        "a5_book_tools",
-        "a6_text",
+        "11_attention_heads",
+        "13_scaling_wmt",
+        "a05_runs",
+        "a10_book_tools",
+        "a02_tokenizers",
     ):
         assert f'href="{chapter}.html"' in html, f"the API reference does not link to {chapter}"
 

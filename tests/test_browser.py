@@ -175,7 +175,7 @@ def test_visualisation_menus_change_the_charts(server, context):
 
     Saves a screenshot of the encoder-decoder attention chart once its menus have been changed."""
     page = context.new_page()
-    page.goto(server + "book/09_attention_heads.html", wait_until="load")
+    page.goto(server + "book/11_attention_heads.html", wait_until="load")
     page.wait_for_function(
         "() => [...document.querySelectorAll('.at-chart')].every(c => c.querySelector('svg'))", timeout=30_000
     )
@@ -195,6 +195,6 @@ def test_visualisation_menus_change_the_charts(server, context):
     assert len(cross) == 1
     page.evaluate("() => document.activeElement && document.activeElement.blur()")
     SHOTS.mkdir(parents=True, exist_ok=True)
-    cross[0].screenshot(path=str(SHOTS / "09_attention_heads-cross-attention.png"))
+    cross[0].screenshot(path=str(SHOTS / "11_attention_heads-cross-attention.png"))
     page.close()
     assert changed >= 7  # 3 kinds x (layer, head), and the statistics menu

@@ -1,29 +1,35 @@
-"""Checkpoints (`annotated_transformer.checkpoints`, book/a2_run_checkpoints.ipynb): the one description of what a
-checkpoint holds, files of earlier versions, the digests of a checkpoint and of its weights, configurations that do not fit their weights,
-files that are no checkpoint, and the model file to share."""
+"""Checkpoints (`annotated_transformer.lib.checkpoints`): the one description of what a checkpoint holds, written
+whole and read safely, its digests, the model it describes checked before it is built, and averaging."""
 
 import dataclasses
+import os
+import pickle
 import re
-import json
+import sys
 import zipfile
 from pathlib import Path
 
 import pytest
 import torch
 
-from annotated_transformer import checkpoints, distributed
-from annotated_transformer.checkpoints import (
-    CHECKPOINT_FORMAT,
+from annotated_transformer.lib import checkpoints
+from annotated_transformer.lib import processes as processes_module
+from annotated_transformer.lib.checkpoints import (
     CheckpointError,
     DamagedCheckpoint,
+    TrainingState,
+    average_checkpoints,
     checkpoint_digest,
+    list_checkpoints,
     load_checkpoint,
     model_from_checkpoint,
     save_checkpoint,
     weights_digest,
 )
+from annotated_transformer.lib.recipes import RECIPES, Task
+from annotated_transformer.lib.tasks import load_task
 from annotated_transformer.model import make_model
-from annotated_transformer.translation import average_checkpoints
+from annotated_transformer.training import make_optimizer
 
 DATA = Path(__file__).parent / "data"
 
@@ -41,9 +47,6 @@ def checkpoint_state(model):
         "step": 1,
         "model": model.state_dict(),
     }
-
-
-# The digest of the weights
 
 
 def test_a_flipped_byte_inside_a_weight_tensor_is_refused(tmp_path):
@@ -66,8 +69,7 @@ def test_a_flipped_byte_inside_a_weight_tensor_is_refused(tmp_path):
 
 def small_run_checkpoint(path):
     "A checkpoint as `train` writes it: model, recipe, optimizer with its moments, schedule, random state."
-    from annotated_transformer.checkpoints import TrainingState, training_checkpoint
-    from annotated_transformer.recipes import RECIPES, load_task
+    from annotated_transformer.lib.checkpoints import TrainingState, training_checkpoint
 
     recipe = RECIPES["copy"].replace(N=1, d_model=16, d_ff=32, h=2)
     task = load_task(recipe)
@@ -103,7 +105,7 @@ def change_adam(state):  # one bit of one of Adam's moments
 def test_one_digest_covers_everything_a_resume_relies_on(change, tmp_path):
     path = small_run_checkpoint(tmp_path / "step-000001.pt")
     state = load_checkpoint(path)  # intact, it loads
-    assert state["format"] == CHECKPOINT_FORMAT == 2 and state["sha256"] == checkpoint_digest(state)
+    assert state["format"] == "checkpoint 3" and state["sha256"] == checkpoint_digest(state)
     change(state)
     torch.save(state, path)
     with pytest.raises(
@@ -170,11 +172,11 @@ def test_processes_compare_the_digest_that_the_checkpoint_stores(monkeypatch):
     def all_gather_object(out, mine):  # two processes: the other one sends `gathered[0]`
         out[:] = [mine, gathered[0]]
 
-    monkeypatch.setattr(distributed, "rank_and_world_size", lambda: (0, 2))
-    monkeypatch.setattr(distributed.dist, "all_gather_object", all_gather_object)
-    monkeypatch.setattr(distributed.nn.parallel, "DistributedDataParallel", lambda model, **kwargs: model)
+    monkeypatch.setattr(processes_module, "rank_and_world_size", lambda: (0, 2))
+    monkeypatch.setattr(processes_module.dist, "all_gather_object", all_gather_object)
+    monkeypatch.setattr(processes_module.nn.parallel, "DistributedDataParallel", lambda model, **kwargs: model)
     gathered.append((1, 2))  # the other process read the same data
-    processes = distributed.Processes(model, torch.device("cpu"), seed=0, data=(1, 2))
+    processes = processes_module.Processes(model, torch.device("cpu"), seed=0, data=(1, 2))
     gathered[0] = (rng, weights_digest(model))
     states, recorded = processes.random_states(rng, 5)
     assert recorded == {"world_size": 2} and len(states["processes"]) == 2  # save_checkpoint stores the digest
@@ -183,10 +185,7 @@ def test_processes_compare_the_digest_that_the_checkpoint_stores(monkeypatch):
         processes.random_states(rng, 5)
     gathered[0] = (1, 3)
     with pytest.raises(ValueError, match="the processes read different training data"):
-        distributed.Processes(model, torch.device("cpu"), seed=0, data=(1, 2))
-
-
-# A configuration that does not fit its weights
+        processes_module.Processes(model, torch.device("cpu"), seed=0, data=(1, 2))
 
 
 def test_an_oversized_configuration_is_refused_before_anything_is_built(tmp_path, monkeypatch):
@@ -244,9 +243,6 @@ def test_a_missing_or_extra_tensor_is_named(tmp_path):
         model_from_checkpoint(tmp_path / "extra.pt")
 
 
-# Files that are no checkpoint, and the model file to share
-
-
 def test_a_file_that_is_no_checkpoint_says_what_a_checkpoint_is(tmp_path):
     text = tmp_path / "notes.pt"
     text.write_text("hello, this is no checkpoint\n")
@@ -262,131 +258,8 @@ def test_a_file_that_is_no_checkpoint_says_what_a_checkpoint_is(tmp_path):
         load_checkpoint(empty)
 
 
-def small_state():
-    import torch
-
-    from annotated_transformer import make_model
-
-    torch.manual_seed(0)
-    model = make_model(10, 10, N=1, d_model=16, d_ff=32, h=2)  # one embedding shared by both sides and the output
-    return {
-        "config": model.config.__dict__,
-        "src_vocab": 10,
-        "tgt_vocab": 10,
-        "step": 3,
-        "model": model.state_dict(),
-        "vocab": {"kind": "sentencepiece", "model": bytes(range(256)) * 3, "direction": "de-en"},
-    }
-
-
-def test_an_exported_model_file_holds_the_weights_once_and_reads_back_as_a_checkpoint(tmp_path):
-    import json
-
-    import torch
-    from safetensors import safe_open
-
-    from annotated_transformer.checkpoints import MODEL_FILE_FORMAT, export_model, weights_digest
-
-    state = small_state()
-    path = export_model(state, tmp_path / "model.safetensors")
-    with safe_open(path, framework="pt") as f:  # any safetensors reader can open it: no pickle, no code
-        header = {k: json.loads(v) for k, v in f.metadata().items()}
-        stored = set(f.keys())
-    assert header["format"] == MODEL_FILE_FORMAT and header["weights_sha256"] == weights_digest(state["model"])
-    # The embedding shared by both sides and the output layer is stored once (so are other equal values: untrained
-    # biases and norms), every other name an alias of it.
-    assert header["aliases"]["tgt_embed.0.lut.weight"] == header["aliases"]["generator.proj.weight"] in stored
-    assert not set(header["aliases"]) & stored and "vocab.model" in stored and "optimizer" not in header
-    back = load_checkpoint(path)
-    assert back["vocab"] == state["vocab"] and back["config"] == state["config"] and back["step"] == 3
-    assert back["model"].keys() == state["model"].keys()
-    assert all(torch.equal(back["model"][k], t) for k, t in state["model"].items())
-    assert not list(tmp_path.glob(".*"))  # written whole or not at all
-
-
-def test_a_damaged_or_foreign_model_file_is_refused_with_its_reason(tmp_path):
-    import json
-
-    import torch
-    from safetensors.torch import save_file
-
-    from annotated_transformer.checkpoints import export_model
-
-    foreign = tmp_path / "foreign.safetensors"
-    save_file({"w": torch.zeros(2)}, foreign, metadata={"format": "pt"})
-    with pytest.raises(CheckpointError, match="a safetensors file, but not a model file of this package"):
-        load_checkpoint(foreign)
-    path = export_model(small_state(), tmp_path / "model.safetensors")
-    for tensor, reason in (("src_embed.0.lut.weight", "the weights"), ("vocab.model", "the vocabulary")):
-        data = bytearray(path.read_bytes())
-        size = int.from_bytes(data[:8], "little")  # safetensors: the header's length, the header, then the data
-        start, _ = json.loads(data[8 : 8 + size])[tensor]["data_offsets"]
-        data[8 + size + start] ^= 0x01  # one bit flipped in that tensor's data
-        damaged = tmp_path / "damaged.safetensors"
-        damaged.write_bytes(bytes(data))
-        with pytest.raises(
-            CheckpointError, match=f"damaged.safetensors: {reason} do(es)? not match (their|its) digest"
-        ):
-            load_checkpoint(damaged)
-    cut = tmp_path / "cut.safetensors"
-    cut.write_bytes(path.read_bytes()[:100])
-    with pytest.raises(CheckpointError, match="cut.safetensors: not a readable model file"):
-        load_checkpoint(cut)
-
-
-@pytest.mark.parametrize(
-    "change",
-    [
-        {"vocab": "[1, 2]"},  # not a mapping
-        {"vocab": '{"model": {"bytes": ["x"]}}'},  # bytes named by a list
-        {"vocab": '{"model": {"bytes": "src_embed.0.lut.weight"}}'},  # a weight passed off as vocabulary bytes
-        {"aliases": '{"tgt_embed.0.lut.weight": "no.such.tensor"}'},  # shared with a tensor the file lacks
-        {"aliases": "3"},
-    ],
-)
-def test_a_model_file_whose_header_lies_about_its_tensors_is_refused(change, tmp_path):
-    from safetensors import safe_open
-    from safetensors.torch import save_file
-
-    from annotated_transformer.checkpoints import export_model
-
-    path = export_model(small_state(), tmp_path / "model.safetensors")
-    with safe_open(path, framework="pt") as f:
-        metadata, tensors = f.metadata(), {name: f.get_tensor(name) for name in f.keys()}
-    forged = tmp_path / "forged.safetensors"
-    save_file(tensors, forged, metadata={**metadata, **change})
-    with pytest.raises(DamagedCheckpoint, match="forged.safetensors: its header does not match its digest"):
-        load_checkpoint(forged)
-    # with the header's digest taken again, as a forger could, the header is still checked against the tensors
-    header = {key: json.loads(value) for key, value in {**metadata, **change}.items()}
-    save_file(
-        tensors, forged, metadata={**metadata, **change, "sha256": json.dumps(checkpoints._header_digest(header))}
-    )
-    with pytest.raises(CheckpointError, match="forged.safetensors: (a model file whose header does not describe|the)"):
-        load_checkpoint(forged)
-
-
-def test_a_model_file_whose_configuration_was_edited_is_refused(tmp_path):
-    "A number of heads that changes no shape: the model would load, and translate otherwise."
-    from safetensors import safe_open
-    from safetensors.torch import save_file
-
-    from annotated_transformer.checkpoints import export_model
-
-    path = export_model(small_state(), tmp_path / "model.safetensors")
-    with safe_open(path, framework="pt") as f:
-        metadata, tensors = f.metadata(), {name: f.get_tensor(name) for name in f.keys()}
-    config = json.loads(metadata["config"])
-    save_file(tensors, path, metadata={**metadata, "config": json.dumps({**config, "h": 1})})
-    with pytest.raises(DamagedCheckpoint, match="model.safetensors: its header does not match its digest"):
-        load_checkpoint(path)
-
-
-# One description of a checkpoint, and files of earlier versions
-
-
 def test_a_run_s_checkpoint_holds_what_its_description_lists_and_resumes_from_it(tmp_path):
-    from annotated_transformer.checkpoints import (
+    from annotated_transformer.lib.checkpoints import (
         RESUME_KEYS,
         Checkpoint,
         TrainingCheckpoint,
@@ -394,8 +267,6 @@ def test_a_run_s_checkpoint_holds_what_its_description_lists_and_resumes_from_it
         model_part,
         training_checkpoint,
     )
-    from annotated_transformer.recipes import RECIPES, Task
-    from annotated_transformer.training import make_optimizer
 
     recipe = RECIPES["copy"].replace(N=1, d_model=16, d_ff=32, h=2)
     model = make_model(13, 13, recipe.model)
@@ -422,16 +293,21 @@ def test_a_run_s_checkpoint_holds_what_its_description_lists_and_resumes_from_it
     assert set(Checkpoint.__required_keys__) <= set(model_part(back))
 
 
-def test_files_written_by_the_first_format_still_load_and_resume():
-    "Kept in tests/data: a checkpoint of a 2-update copy run and its exported model file, as format 1 wrote them."
-    from annotated_transformer.checkpoints import RESUME_KEYS, TrainingState
+@pytest.mark.parametrize("version", [1, 2])
+def test_files_written_by_earlier_versions_still_load_and_resume(version):
+    """Kept in tests/data: a checkpoint of a 2-update copy run and its exported model file, as each earlier version
+    wrote them; each is read as the current version (`artifacts.upgrade`)."""
+    from annotated_transformer.lib.checkpoints import RESUME_KEYS, TrainingState
+    from annotated_transformer.lib.pretrained import read_model
 
-    state = load_checkpoint(DATA / "checkpoint-format-1.pt")
-    assert state["format"] == 1 and RESUME_KEYS <= set(state)
+    raw = torch.load(DATA / f"checkpoint-format-{version}.pt", weights_only=True)
+    assert raw["format"] == version  # as that version wrote it
+    state = load_checkpoint(DATA / f"checkpoint-format-{version}.pt")
+    assert state["format"] == "checkpoint 3" and RESUME_KEYS <= set(state)
     assert TrainingState.of(state, last={}).step == 2
-    model, _ = model_from_checkpoint(DATA / "checkpoint-format-1.pt")
-    exported, shared = model_from_checkpoint(DATA / "model-format-1.safetensors")
-    assert shared["vocab"] == state["vocab"] and weights_digest(exported) == weights_digest(model)
+    model, _ = model_from_checkpoint(DATA / f"checkpoint-format-{version}.pt")
+    shared = read_model([DATA / f"model-format-{version}.safetensors"])
+    assert shared["vocab"] == state["vocab"] and weights_digest(shared["model"]) == weights_digest(model)
 
 
 def test_weights_that_are_not_finite_are_refused_before_any_decoding(tmp_path, capsys):
@@ -447,7 +323,6 @@ def test_weights_that_are_not_finite_are_refused_before_any_decoding(tmp_path, c
     with pytest.raises(CheckpointError, match=r"diverged.pt: its weights are not all finite numbers \(generator"):
         model_from_checkpoint(path)
     import io
-    import sys
 
     sys.stdin, stdin = io.StringIO("5 6 7\n"), sys.stdin
     try:
@@ -455,9 +330,6 @@ def test_weights_that_are_not_finite_are_refused_before_any_decoding(tmp_path, c
     finally:
         sys.stdin = stdin
     assert "its weights are not all finite numbers" in capsys.readouterr().err
-
-
-# What stops a write, told as it is
 
 
 class StoppedWriter:
@@ -535,3 +407,128 @@ def test_a_vocabulary_that_cannot_be_read_is_refused_naming_the_file(vocab, prob
     load_checkpoint(path)  # what a resume needs reads; a model to translate with is refused
     with pytest.raises(CheckpointError, match=rf"odd-vocab.pt: its vocabulary {re.escape(problem)}"):
         model_from_checkpoint(path)
+
+
+def test_checkpoints_are_written_atomically(tmp_path, monkeypatch):
+    path = save_checkpoint(tmp_path / "c.pt", {"config": {}, "model": {}, "step": 1})
+    before = path.read_bytes()
+
+    def broken_save(obj, f):
+        f.write(b"half a checkpoint")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", broken_save)
+    with pytest.raises(OSError, match="disk full"):
+        save_checkpoint(path, {"config": {}, "model": {}, "step": 2})
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.pt"]
+
+
+def test_a_checkpoint_from_a_stranger_cannot_run_code(tmp_path):
+    marker = tmp_path / "pwned"
+
+    class Payload:
+        def __reduce__(self):
+            return (os.mkdir, (str(marker),))
+
+    path = tmp_path / "evil.pt"
+    path.write_bytes(pickle.dumps({"format": 1, "config": {}, "model": Payload(), "step": 0}, protocol=2))
+    with pytest.raises(CheckpointError) as refused:
+        load_checkpoint(path)
+    assert not marker.exists()
+    message = str(refused.value)  # the package's own words, naming the file and what the file asked for
+    assert message.startswith(f"{path}: not a readable checkpoint: it holds something other than tensors and plain")
+    assert "refuses to run code" in message and re.search(r"\(it asks for \S*mkdir\)", message)
+    # PyTorch's own advice (load it with weights_only=False) is neither repeated nor chained to the error
+    assert "weights_only" not in message and "can still be loaded" not in message
+    assert refused.value.__cause__ is None and refused.value.__suppress_context__
+
+
+def test_broken_or_foreign_checkpoints_get_clear_errors(tmp_path):
+    with pytest.raises(CheckpointError, match="no such checkpoint"):
+        load_checkpoint(tmp_path / "missing.pt")
+    (tmp_path / "cut.pt").write_bytes(b"PK\x03\x04 truncated")
+    with pytest.raises(CheckpointError, match="cut.pt: not a readable checkpoint"):
+        load_checkpoint(tmp_path / "cut.pt")
+    torch.save({"format": 99, "model": {}}, tmp_path / "strange.pt")
+    with pytest.raises(CheckpointError, match="strange.pt: its format '99' is none this package writes"):
+        load_checkpoint(tmp_path / "strange.pt")
+    torch.save({"format": "checkpoint 4", "model": {}}, tmp_path / "future.pt")
+    with pytest.raises(CheckpointError, match="future.pt: a checkpoint file of version 4, newer than this package"):
+        load_checkpoint(tmp_path / "future.pt")
+    torch.save({"format": 1, "model": {}}, tmp_path / "partial.pt")
+    with pytest.raises(CheckpointError, match="missing config, src_vocab, step, tgt_vocab"):
+        load_checkpoint(tmp_path / "partial.pt")
+    (tmp_path / "empty.pt").write_bytes(b"")
+    with pytest.raises(CheckpointError, match="empty.pt: not a readable checkpoint"):
+        load_checkpoint(tmp_path / "empty.pt")
+    base = {"config": {"N": 1, "d_model": 16, "d_ff": 32, "h": 2}, "src_vocab": 10, "tgt_vocab": 10, "step": 1}
+    save_checkpoint(tmp_path / "odd.pt", {**base, "config": {"N": 1, "colour": "red"}, "model": {}})
+    with pytest.raises(CheckpointError, match="odd.pt: the stored configuration is not usable"):
+        model_from_checkpoint(tmp_path / "odd.pt")
+    save_checkpoint(
+        tmp_path / "misfit.pt", {**base, "model": make_model(10, 10, N=1, d_model=32, d_ff=32, h=2).state_dict()}
+    )
+    with pytest.raises(CheckpointError, match="misfit.pt: the weights do not fit"):
+        model_from_checkpoint(tmp_path / "misfit.pt")
+
+
+def test_training_state_crosses_an_epoch_boundary_and_sums_the_window():
+    state, seen = TrainingState(), []
+    for batches in (2, 2, 1, 2):  # an epoch of 5 batches, 2 per update: the third update takes the one left
+        state.advance(batches, 5, loss=3.0, tokens=10)
+        seen.append((state.step, state.epoch, state.position))
+    assert seen == [(1, 0, 2), (2, 0, 4), (3, 1, 0), (4, 1, 2)]
+    assert (state.window_loss, state.window_tokens) == (12.0, 40)
+
+
+def test_list_checkpoints_finds_only_the_runs_own_in_step_order(tmp_path):
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    for name in (
+        "step-000100.pt",
+        "step-000020.pt",
+        "step-1000000.pt",
+        "step-best.pt",
+        "step-3.pt",
+        "step-000040.pt.bak",
+        ".step-000060.pt.4242.tmp",
+        "notes.txt",
+        "step-000080.pth",
+    ):
+        (folder / name).write_bytes(b"")
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step-000020.pt", "step-000100.pt", "step-1000000.pt"]
+    assert list_checkpoints(tmp_path / "nothing-here") == []
+
+
+def test_averaging_known_checkpoints_and_refusing_different_models(tmp_path):
+    model = make_model(10, 10, N=1, d_model=8, d_ff=16, h=2)
+    config = {k: getattr(model.config, k) for k in model.config.__dataclass_fields__}
+    paths = []
+    for i, value in enumerate([1.0, -2.0, 7.0, 2.0]):
+        weights = {name: torch.full_like(t, value) for name, t in model.state_dict().items()}
+        paths.append(
+            save_checkpoint(
+                tmp_path / f"step-{i:06d}.pt",
+                {
+                    "config": config,
+                    "model": weights,
+                    "step": i,
+                    "src_vocab": 10,
+                    "tgt_vocab": 10,
+                    "vocab": {},
+                    "optimizer": {},
+                    "rng": {},
+                },
+            )
+        )
+    averaged = average_checkpoints(paths)
+    assert all(torch.equal(t, torch.full_like(t, 2.0)) for t in averaged["model"].values())
+    assert averaged["step"] == 3 and "optimizer" not in averaged and "rng" not in averaged
+    other = make_model(10, 10, N=1, d_model=16, d_ff=16, h=2)
+    odd = save_checkpoint(
+        tmp_path / "odd.pt",
+        {"config": {**config, "d_model": 16}, "model": other.state_dict(), "step": 9, "src_vocab": 10, "tgt_vocab": 10},
+    )
+    with pytest.raises(Exception, match="odd.pt: its model configuration differs"):
+        average_checkpoints([paths[0], odd])

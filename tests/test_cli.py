@@ -1,25 +1,13 @@
-"""The command line (`annotated_transformer.cli`, book/a4_command_line.ipynb): resuming a run by its folder alone,
-and the hint every mistake in the arguments ends with."""
-
-import json
+"""The command line's entry point (`annotated_transformer.cli`): `--version`, `--help`, `--debug`, `--threads`, one
+line for every failure with where to read the help, and stops by SIGTERM."""
 
 import pytest
+import torch
 
+import annotated_transformer
+from annotated_transformer import cli
 from annotated_transformer.cli import main
-
-SMALL = ["N=1", "d_model=16", "d_ff=32", "h=2", "warmup=2", "eval_every=2", "checkpoint_every=2", "--quiet"]
-
-
-def test_resume_reads_the_recipe_from_the_run_it_continues(tmp_path, capsys):
-    run = tmp_path / "run"
-    assert main(["train", "copy", "--out", str(run), "--device", "cpu", "steps=4", *SMALL]) == 0
-    assert main(["train", "--out", str(run), "--resume", "steps=6", "--quiet"]) == 0  # no recipe named: the run's own
-    summary = json.loads((run / "summary.json").read_text())
-    assert summary["recipe"] == "copy" and summary["steps"] == 6
-    assert json.loads((run / "config.json").read_text())["recipe"]["model"]["d_model"] == 16
-    capsys.readouterr()
-    assert main(["train", "--out", str(tmp_path / "empty"), "--resume"]) == 1
-    assert "nothing to resume in --out" in capsys.readouterr().err
+from annotated_transformer.lib.translate import Translator
 
 
 @pytest.mark.parametrize(
@@ -37,64 +25,91 @@ def test_every_usage_error_says_where_the_help_is(argv, hint, capsys):
     assert err.startswith("annotated-transformer: error: ") and err.endswith(f" {hint}\n") and err.count("\n") == 1
 
 
-def test_a_failed_start_leaves_no_folder_behind_and_a_run_it_did_not_make_untouched(tmp_path, monkeypatch, capsys):
-    from annotated_transformer import training
-    from annotated_transformer.data import DataError
-
-    def no_data(recipe):
-        raise DataError("no network, no mirror")
-
-    monkeypatch.setattr(training, "load_task", no_data)
-    fresh = tmp_path / "runs" / "fresh"
-    assert main(["train", "copy", "--out", str(fresh), "--quiet"]) == 1
-    assert "no network, no mirror" in capsys.readouterr().err
-    assert not fresh.exists()  # nor its .lock: the run never began
-    kept = tmp_path / "kept"
-    kept.mkdir()
-    (kept / "notes.txt").write_text("mine")
-    assert main(["train", "copy", "--out", str(kept), "--quiet"]) == 1
-    assert (kept / "notes.txt").read_text() == "mine"  # a folder the user made stays, whatever is in it
+def test_version_names_the_package_pytorch_the_device_and_what_it_does_with_bfloat16(capsys, monkeypatch):
+    assert main(["--version"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"annotated-transformer {annotated_transformer.__version__}" and len(lines) == 3
+    assert lines[1].startswith(f"PyTorch {torch.__version__}, default device ")
+    for native, default, line in [
+        (True, True, "bfloat16 native on cpu: training autocasts to it by default"),
+        (True, False, "bfloat16 native on cpu: training autocasts to it only with train --bf16"),
+        (False, False, "bfloat16 not native on cpu: training autocasts to it only with train --bf16"),
+    ]:
+        monkeypatch.setattr(cli, "default_device", lambda: torch.device("cpu"))
+        monkeypatch.setattr(cli, "bf16_supported", lambda device, native=native: native)
+        monkeypatch.setattr(cli, "bf16_by_default", lambda device, default=default: default)
+        assert main(["--version"]) == 0
+        assert capsys.readouterr().out.splitlines()[2] == line
 
 
-def test_an_out_that_holds_a_run_is_refused_before_anything_is_read(tmp_path, monkeypatch, capsys):
-    from annotated_transformer import training
+def test_the_programs_help_names_version_debug_and_the_environment(capsys):
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "--version" in out and "--debug" in out and "AT_MIRROR" in out and "AT_DATA_DIR" in out
 
-    run = tmp_path / "run"
-    run.mkdir()
-    (run / "metrics.jsonl").write_text('{"step": 2}\n')
-    monkeypatch.setattr(training, "train", lambda *a, **k: pytest.fail("train was called"))
-    assert main(["train", "copy", "--out", str(run), "--quiet"]) == 2
+
+@pytest.mark.parametrize("how", ["before the command", "after it", "AT_DEBUG=1"])
+def test_debug_prints_the_traceback_before_the_one_line(how, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("AT_DEBUG", raising=False)
+    argv = ["train", "copy", "--resume", "--out", str(tmp_path / "none")]  # nothing to resume: fails while running
+    assert main(argv) == 1
+    plain = capsys.readouterr().err
+    assert plain.count("\n") == 1 and "nothing to resume" in plain and "Traceback" not in plain
+    if how == "AT_DEBUG=1":
+        monkeypatch.setenv("AT_DEBUG", "1")
+    debug_argv = {"before the command": ["--debug", *argv], "after it": [*argv, "--debug"], "AT_DEBUG=1": argv}[how]
+    assert main(debug_argv) == 1
     err = capsys.readouterr().err
-    assert f"--out {str(run)!r} already holds a run: continue it with --resume, or choose another --out" in err
-    assert sorted(p.name for p in run.iterdir()) == ["metrics.jsonl"]  # and nothing else written
+    assert err.startswith("Traceback (most recent call last):") and "_resumed_recipe" in err and err.endswith(plain)
 
 
-@pytest.mark.parametrize("name", ["../../escaped", "/abs/escaped", "a/b"])
-def test_a_recipe_name_from_a_file_never_makes_a_path(name, tmp_path, monkeypatch, capsys):
-    "A config.json whose recipe is named like a path: refused before anything is made, here or anywhere else."
-    from annotated_transformer.recipes import RECIPES
-
-    work = tmp_path / "work" / "deep"
-    work.mkdir(parents=True)
-    config = tmp_path / "config.json"
-    config.write_text(json.dumps({"recipe": {**RECIPES["copy"].to_dict(), "name": name}}))
-    monkeypatch.chdir(work)
-    before = sorted(str(p) for p in tmp_path.rglob("*"))
-    assert main(["train", "--config", str(config), "--quiet", "steps=2"]) == 2
-    assert (
-        f"name must be a plain name (letters, digits, '.', '_', '-'; no path), got {name!r}" in capsys.readouterr().err
-    )
-    assert sorted(str(p) for p in tmp_path.rglob("*")) == before
+def test_debug_leaves_usage_errors_and_a_zero_alone(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("AT_DEBUG", "0")
+    assert main(["train", "copy", "--resume", "--out", str(tmp_path / "none")]) == 1
+    assert "Traceback" not in capsys.readouterr().err
+    assert main(["--debug", "train", "kopy"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unknown recipe 'kopy'" in err
 
 
-def test_the_command_to_continue_an_interrupted_run_keeps_its_threads(tmp_path, monkeypatch, capsys):
-    from annotated_transformer import training
+@pytest.mark.parametrize("command", ["translate", "evaluate", "bench"])
+def test_the_commands_that_compute_take_threads(command, tmp_path, capsys, monkeypatch):
+    seen = []
 
-    def interrupted(recipe, run_dir, **options):
-        (run_dir / "config.json").write_text("{}")
-        raise KeyboardInterrupt
+    def stand_in(*args, **kwargs):
+        seen.append(torch.get_num_threads())
+        raise RuntimeError("stopped here")
 
-    monkeypatch.setattr(training, "train", interrupted)
-    out = tmp_path / "run"
-    assert main(["train", "copy", "--out", str(out), "--threads", "1", "--quiet"]) == 130
-    assert capsys.readouterr().err.strip().endswith(f"--out {out} --resume --threads 1")
+    checkpoint = tmp_path / "model.pt"
+    checkpoint.touch()
+    if command == "bench":
+        import annotated_transformer.lib.bench as bench
+
+        monkeypatch.setattr(bench, "run_benchmark", stand_in)
+        argv = ["bench", "--no-translation", "--out", str(tmp_path)]
+    else:  # translate reads its model through the Translator, evaluate with the checkpoint it records
+        import annotated_transformer.lib.pretrained as pretrained
+
+        monkeypatch.setattr(Translator, "from_checkpoint", stand_in)
+        monkeypatch.setattr(pretrained, "read_model", stand_in)
+        argv = [command, "--checkpoint", str(checkpoint)]
+    wanted = 1 if torch.get_num_threads() != 1 else 2
+    assert main([*argv, "--threads", str(wanted)]) == 1
+    assert seen == [wanted] and capsys.readouterr().err == "annotated-transformer: error: stopped here\n"
+    assert main(["prepare", "wmt14-en-de", "--threads", "2"]) == 2  # prepare computes nothing with PyTorch
+    assert "unrecognized arguments: --threads 2" in capsys.readouterr().err
+
+
+def test_after_one_sigterm_the_next_ones_are_ignored():
+    "The handler that turns SIGTERM into an interruption stands down at once: a second signal cannot break the stop."
+    import signal
+
+    from annotated_transformer import cli
+
+    previous = signal.signal(signal.SIGTERM, cli._on_sigterm)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            cli._on_sigterm(signal.SIGTERM, None)
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from annotated_transformer import make_model
-from annotated_transformer.checkpoints import list_checkpoints, load_checkpoint
-from annotated_transformer.distributed import launch
-from annotated_transformer.recipes import RECIPES
+from annotated_transformer.lib.checkpoints import list_checkpoints, load_checkpoint
+from annotated_transformer.lib.processes import launch
+from annotated_transformer.lib.recipes import RECIPES
+from annotated_transformer.lib.trainer import train
 from annotated_transformer.training import (
     PAD,
     LabelSmoothing,
@@ -18,7 +19,6 @@ from annotated_transformer.training import (
     batches_of,
     copy_task,
     make_optimizer,
-    train,
 )
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -132,8 +132,10 @@ def test_two_nccl_processes_train_as_one(tmp_path):
 
 
 def test_the_fast_path_computes_the_straightforward_loss_on_cuda():
-    "Fused projections and PyTorch's attention kernel on the GPU: the function of the book's explicit path."
-    from annotated_transformer.bench import use_path
+    "PyTorch's attention kernel on the GPU: the function of the book's explicit path."
+    import contextlib
+
+    from annotated_transformer import explicit_attention
 
     torch.manual_seed(0)
     model = make_model(13, 13, N=2, d_model=64, d_ff=128, h=4, dropout=0.0).cuda()
@@ -141,8 +143,8 @@ def test_the_fast_path_computes_the_straightforward_loss_on_cuda():
     batch = batches_of(pairs, range(40)).to("cuda")
     losses = {}
     for fast in (False, True):
-        use_path(model, fast)
         model.zero_grad()
-        losses[fast], _ = accumulate_gradients(model, [batch], criterion, autocast=False)
+        with contextlib.nullcontext() if fast else explicit_attention():
+            losses[fast], _ = accumulate_gradients(model, [batch], criterion, autocast=False)
     print(f"loss: straightforward {losses[False]:.6f}, fast {losses[True]:.6f}")
     assert abs(losses[True] - losses[False]) < 1e-4 * losses[False]

@@ -1,5 +1,5 @@
-"""Text in and text out of translation (book/07_decoding.ipynb, book/a6_text.ipynb and the `translate`
-command of book/a4_command_line.ipynb): one line out for every line in, whatever the model prefers and whatever
+"""Text in and text out of translation (book/07_decoding.ipynb, book/a02_tokenizers.ipynb and the `translate`
+command of book/a08_cli.ipynb): one line out for every line in, whatever the model prefers and whatever
 bytes come in; special symbols typed as text stay text; a single string is one sentence."""
 
 import dataclasses
@@ -10,9 +10,11 @@ import pytest
 import torch
 
 from annotated_transformer import cli, make_model
-from annotated_transformer.checkpoints import save_checkpoint
-from annotated_transformer.text import BOS, EOS, PAD, SPECIALS, UNK, SubwordCodec, Subwords, Vocab
-from annotated_transformer.translation import Translator
+from annotated_transformer.lib.checkpoints import save_checkpoint
+from annotated_transformer.lib.tokenizers import Subwords, Vocab
+from annotated_transformer.lib.translate import Translator
+from annotated_transformer.lib.vocab import SubwordCodec
+from annotated_transformer.training import BOS, EOS, PAD, SPECIALS, UNK
 
 # Every character that str.splitlines() ends a line at.
 LINE_BREAKS = "\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"

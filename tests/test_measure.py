@@ -1,4 +1,4 @@
-"""Measuring speed (`annotated_transformer.measure`, book/a9_measure.ipynb): repeated measurements, peak memory, the
+"""Measuring speed (`annotated_transformer.lib.measure`, book/a09_bench.ipynb): repeated measurements, peak memory, the
 typical batches, and the tables of a benchmark's result."""
 
 from pathlib import Path
@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from annotated_transformer.measure import PeakMemory, bench_table, spread, summarize, typical_batches
+from annotated_transformer.lib.measure import PeakMemory, bench_table, spread, summarize, typical_batches
 
 
 def test_repeated_measurements_are_summarized_by_median_and_range():
@@ -50,7 +50,7 @@ def test_a_table_without_translation_says_why():
 
 
 def test_flops_of_the_cpu_attention_kernel_are_counted():
-    from annotated_transformer.measure import count_flops
+    from annotated_transformer.lib.measure import count_flops
 
     q, k = torch.randn(2, 4, 5, 8), torch.randn(2, 4, 7, 8)
     with torch.inference_mode(), count_flops() as counter:
@@ -65,7 +65,7 @@ def test_importing_the_benchmark_leaves_pytorchs_flop_formulas_as_they_are():
     code = (
         "import torch\nfrom torch.utils.flop_counter import flop_registry\n"
         "before = dict(flop_registry)\n"
-        "import annotated_transformer.bench, annotated_transformer.measure as m\n"
+        "import annotated_transformer.lib.bench, annotated_transformer.lib.measure as m\n"
         "from torch.utils.flop_counter import flop_registry\n"
         "print(dict(flop_registry) == before); m.count_flops(); print(m._CPU_ATTENTION in flop_registry)"
     )
@@ -77,7 +77,7 @@ def test_the_matrix_product_peak_is_a_rate_of_the_products_asked_for(monkeypatch
     "A rate, never asserted against a speed: 2 n^3 FLOPs per product, over the best timing."
     import torch
 
-    from annotated_transformer import measure
+    from annotated_transformer.lib import measure
 
     # trials of 0.5 s (the untimed warm-up), 3 s, 2 s and 4 s: the best timed one counts
     clock = iter([0, 0.5, 10, 13, 20, 22, 30, 34])

@@ -1,9 +1,19 @@
-"""Multi-head attention (book/02_multi_head.ipynb): the fused and the explicit path compute one function."""
+"""Multi-head attention (`annotated_transformer.multi_head`, book/02_multi_head.ipynb): the fused and the explicit path
+compute one function, the recording scope keeps weights only where asked, and attending one new position at a time
+(`incremental`) equals attending over the whole sequence."""
 
 import pytest
 import torch
 
-from annotated_transformer import MultiHeadedAttention, attention, record_attention, subsequent_mask
+from annotated_transformer import MultiHeadedAttention, attention, explicit_attention, record_attention, subsequent_mask
+
+
+class Explicit(MultiHeadedAttention):
+    "The same module, always on the explicit path: every call inside `explicit_attention()`."
+
+    def forward(self, *args, **kwargs):
+        with explicit_attention():
+            return super().forward(*args, **kwargs)
 
 
 def masks(batch=2, n_q=5, n_k=7):
@@ -15,7 +25,7 @@ def masks(batch=2, n_q=5, n_k=7):
 def pair(h=4, d_model=32):
     torch.manual_seed(0)
     fast = MultiHeadedAttention(h, d_model, dropout=0.1)
-    slow = MultiHeadedAttention(h, d_model, dropout=0.1, explicit=True)
+    slow = Explicit(h, d_model, dropout=0.1)
     slow.load_state_dict(fast.state_dict())
     return fast.eval(), slow.eval()
 
@@ -128,7 +138,7 @@ def test_narrower_keys_than_values_are_the_paper_formula_on_both_paths():
     "Table 3, row B: d_k below d_v = d_model / h. Head i reads its own d_k rows of W^Q, W^K and d_v rows of W^V."
     torch.manual_seed(0)
     fast = MultiHeadedAttention(4, 32, dropout=0.0, d_k=3).double().eval()
-    slow = MultiHeadedAttention(4, 32, dropout=0.0, explicit=True, d_k=3).double().eval()
+    slow = Explicit(4, 32, dropout=0.0, d_k=3).double().eval()
     slow.load_state_dict(fast.state_dict())
     assert (fast.d_k, fast.d_v, fast.w_q.out_features, fast.w_k.out_features, fast.w_v.out_features) == (
         3,
@@ -158,39 +168,51 @@ def test_a_d_k_that_is_no_positive_integer_is_refused(d_k):
         MultiHeadedAttention(4, 32, d_k=d_k)
 
 
-def test_fused_projections_equal_the_separate_ones_for_each_kind_of_input():
-    torch.manual_seed(1)
-    mha = MultiHeadedAttention(4, 32, dropout=0.0, fused=True).double()
-    x, y, z = (torch.randn(2, n, 32, dtype=torch.float64, requires_grad=True) for n in (5, 7, 7))
-    for query, key, value in ((x, x, x), (x, y, y), (x, y, z)):
-        fused = mha.project(query, key, value)
-        separate = mha.w_q(query), mha.w_k(key), mha.w_v(value)
-        for a, b in zip(fused, separate):
-            torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-12)
-        grads = [
-            torch.autograd.grad(sum((t * w).sum() for t, w in zip(outs, (1.0, 2.0, 3.0))), mha.w_k.weight)[0]
-            for outs in (fused, separate)
-        ]
-        torch.testing.assert_close(grads[0], grads[1], atol=1e-12, rtol=1e-12)
-
-
-def test_fused_projections_are_one_matrix_product(monkeypatch):
-    mha = MultiHeadedAttention(4, 32, dropout=0.0, fused=True)
-    x, y = torch.randn(2, 5, 32), torch.randn(2, 7, 32)
-    calls = []
-    linear = torch.nn.functional.linear
-    monkeypatch.setattr(torch.nn.functional, "linear", lambda *a, **k: calls.append(a[1].shape) or linear(*a, **k))
-    mha.project(x, x, x)
-    assert calls == [(96, 32)]  # Q, K, V: one product with the stacked weights
-    calls.clear()
-    mha.project(x, y, y)
-    assert calls == [(32, 32), (64, 32)]  # Q alone, then K and V together
-    calls.clear()
+def test_explicit_attention_is_a_scope_and_the_book_s_path_is_four_separate_products(monkeypatch):
+    mha = MultiHeadedAttention(4, 32, dropout=0.0).eval()
+    x = torch.randn(2, 5, 32)
+    calls, real = [], torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(
+        torch.nn.functional, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or real(*a, **k)
+    )
+    fused = mha(x, x, x)
+    assert calls == [1] and mha.attn is None
+    with explicit_attention():
+        explicit = mha(x, x, x)
+    assert calls == [1] and mha.attn is None  # the book's equation (1), no weights kept
+    torch.testing.assert_close(fused, explicit, rtol=1e-5, atol=1e-6)
     mha(x, x, x)
-    assert calls == [(96, 32), (32, 32)]  # the fast path uses it (then W^O)
-    calls.clear()
-    MultiHeadedAttention(4, 32, dropout=0.0, explicit=True)(x, x, x)
-    assert calls == [(32, 32)] * 4  # the book's path: four separate products
+    assert calls == [1, 1]  # outside the scope, the fused kernel again
+
+
+def test_incremental_self_attention_equals_the_causal_attention_over_the_prefix():
+    torch.manual_seed(2)
+    mha = MultiHeadedAttention(4, 32, dropout=0.3).eval()  # evaluation: dropout off
+    x = torch.randn(3, 6, 32)
+    full = mha(x, x, x, subsequent_mask(6).expand(3, 6, 6))
+    cache = {}
+    steps = torch.cat([mha.incremental(x[:, t : t + 1], cache) for t in range(6)], dim=1)
+    torch.testing.assert_close(steps, full, rtol=1e-5, atol=1e-6)
+    assert cache["keys"].shape == (3, 4, 6, 8) and cache["values"].shape == (3, 4, 6, 8)
+
+
+def test_incremental_source_attention_projects_the_memory_once_and_serves_each_sentence_s_rows(monkeypatch):
+    torch.manual_seed(3)
+    mha = MultiHeadedAttention(4, 32, dropout=0.0).eval()
+    memory, beams = torch.randn(2, 7, 32), 3  # two sentences, three rows (beams) each
+    src_mask = (torch.arange(7) < torch.tensor([7, 4])[:, None])[:, None, :]  # (2, 1, 7)
+    y = torch.randn(2 * beams, 1, 32)
+    expected = mha(
+        y, memory.repeat_interleave(beams, 0), memory.repeat_interleave(beams, 0), src_mask.repeat_interleave(beams, 0)
+    )
+    cache, projected = {}, []
+    real = mha.w_k.forward
+    monkeypatch.setattr(mha.w_k, "forward", lambda t: projected.append(t.shape) or real(t))
+    first = mha.incremental(y, cache, memory, src_mask)
+    again = mha.incremental(y, cache, memory, src_mask)
+    torch.testing.assert_close(first, expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(again, first)
+    assert projected == [(2, 7, 32)]  # the memory's keys, once, one row per sentence
 
 
 def test_recording_in_one_thread_leaves_another_on_the_fast_path():
@@ -235,7 +257,7 @@ def test_under_bf16_autocast_on_a_cpu_the_heads_attend_in_float32_and_agree_with
         lambda q, *a, **kw: seen.append(q.dtype) or real(q, *a, **kw),
     )
     torch.manual_seed(0)
-    mha = MultiHeadedAttention(4, 32, dropout=0.0, fused=True)
+    mha = MultiHeadedAttention(4, 32, dropout=0.0)
     x = torch.randn(2, 5, 32, requires_grad=True)
     mask = subsequent_mask(5).expand(2, 5, 5)
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -251,7 +273,7 @@ def test_under_bf16_autocast_on_a_cpu_the_heads_attend_in_float32_and_agree_with
 
 def test_a_bfloat16_model_on_a_cpu_attends_in_float32_and_stays_bfloat16_without_autocast():
     torch.manual_seed(0)
-    mha = MultiHeadedAttention(4, 32, dropout=0.0, fused=True)
+    mha = MultiHeadedAttention(4, 32, dropout=0.0)
     x = torch.randn(2, 5, 32)
     out = mha.bfloat16()(x.bfloat16(), x.bfloat16(), x.bfloat16())  # a model cast whole, no autocast
     assert out.dtype == torch.bfloat16 and torch.allclose(out.float(), mha.float()(x, x, x), atol=0.05)

@@ -51,28 +51,34 @@ def test_tags_survive_and_chapters_open_with_a_title(path):
 
 
 TOC = yaml.safe_load((ROOT / "_toc.yml").read_text(encoding="utf-8"))
-PAGES = ["book/api", "book/bibliography", "book/glossary"]  # the Reference part: Markdown pages, not notebooks
+MARKDOWN_PAGES = ["book/api", "book/bibliography", "book/glossary"]  # of the Reference part: Markdown, not notebooks
 
 
 def test_every_notebook_is_in_the_table_of_contents_in_file_name_order():
     "File-name order is reading order: a reader who lists book/ sees the chapters as the book shows them."
     listed = [c["file"] for part in TOC["parts"] for c in part["chapters"]]
     notebooks = [f"book/{p.stem}" for p in NOTEBOOKS]
-    assert [f for f in listed if f not in PAGES] == notebooks, (
+    assert [f for f in listed if f not in MARKDOWN_PAGES] == notebooks, (
         "_toc.yml must list every notebook of book/, sorted by name"
     )
     assert TOC["root"] == "book/index"
 
 
-def test_the_table_of_contents_has_the_paper_then_under_the_hood():
-    "Part one is the paper's chapters (NN_name), part two the machinery (aN_name), then the reference pages."
+def test_the_table_of_contents_has_the_paper_then_the_library_then_the_reference():
+    """Part one is the paper's chapters (NN_name, one number each), part two the library's pages (aNN_name), part
+    three the reference (results pages rNN_name, then the Markdown pages)."""
     parts = TOC["parts"]
-    assert [p["caption"] for p in parts] == ["The paper", "Under the hood", "Reference"]
-    paper, hood, reference = ([c["file"] for c in p["chapters"]] for p in parts)
+    assert [p["caption"] for p in parts] == ["The paper", "The library", "Reference"]
+    paper, library, reference = ([c["file"] for c in p["chapters"]] for p in parts)
     assert paper == [f"book/{p.stem}" for p in NOTEBOOKS if re.fullmatch(r"\d\d_\w+", p.stem)] and paper
-    assert hood == [f"book/{p.stem}" for p in NOTEBOOKS if re.fullmatch(r"a\d_\w+", p.stem)] and hood
-    assert reference == PAGES
-    assert all((ROOT / f"{page}.md").is_file() for page in PAGES)
+    assert library == [f"book/{p.stem}" for p in NOTEBOOKS if re.fullmatch(r"a\d\d_\w+", p.stem)] and library
+    assert reference == [f"book/{p.stem}" for p in NOTEBOOKS if re.fullmatch(r"r\d\d_\w+", p.stem)] + MARKDOWN_PAGES
+    assert all((ROOT / f"{page}.md").is_file() for page in MARKDOWN_PAGES)
+
+
+def test_no_two_notebooks_share_a_number_within_their_part():
+    numbers = [re.match(r"([a-z]?)(\d+)_", p.stem).groups() for p in NOTEBOOKS]
+    assert len(set(numbers)) == len(numbers), sorted(numbers)
 
 
 def test_make_tests_processes_keep_the_files_that_share_a_trained_run_together():
@@ -80,9 +86,9 @@ def test_make_tests_processes_keep_the_files_that_share_a_trained_run_together()
     the test files that use the session's tiny runs; every other file is a group of its own."""
     from conftest import RUN_CACHE_GROUP, TINY_RUNS_GROUP, xdist_group_of
 
-    readers = ("07_decoding", "08_variations", "09_attention_heads", "10_speed")
+    readers = ("07_decoding", "10_variations", "11_attention_heads", "12_speed")
     assert {xdist_group_of(ROOT / "book" / f"{name}.ipynb") for name in readers} == {RUN_CACHE_GROUP}
-    assert {xdist_group_of(ROOT / "tests" / name) for name in ("test_bench.py", "test_translation.py")} == {
+    assert {xdist_group_of(ROOT / "tests" / name) for name in ("test_cli_studies.py", "test_translate.py")} == {
         TINY_RUNS_GROUP
     }
     alone = (ROOT / "book" / "01_attention.ipynb", ROOT / "tests" / "test_model.py")

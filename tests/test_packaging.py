@@ -18,7 +18,7 @@ from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "annotated_transformer"
-MODULES = sorted(p.name for p in (ROOT / PACKAGE).glob("*.py"))
+MODULES = sorted(p.relative_to(ROOT / PACKAGE).as_posix() for p in (ROOT / PACKAGE).rglob("*.py"))
 # The repository's folders that are not the package: none of them belongs in a wheel or an sdist.
 NOT_SHIPPED = ("tests/", "book/", "results/", "runs/", ".venv/", "_build/", ".ci/", ".git/")
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
@@ -54,7 +54,7 @@ def test_wheel_holds_every_module_and_nothing_else(dists):
         (dist_info,) = {n.split("/")[0] for n in names if n.split("/")[0].endswith(".dist-info")}
         entry_points = z.read(f"{dist_info}/entry_points.txt").decode()
         metadata = email.message_from_bytes(z.read(f"{dist_info}/METADATA"))
-    assert "_modidx.py" in MODULES and "cli.py" in MODULES
+    assert {"_modidx.py", "cli/__init__.py", "lib/__init__.py", "lib/trainer.py"} <= set(MODULES)
     missing = [m for m in MODULES if f"{PACKAGE}/{m}" not in names]
     assert not missing, f"the wheel lacks {missing}"
     stray = sorted(n for n in names if not n.startswith((f"{PACKAGE}/", f"{dist_info}/")))

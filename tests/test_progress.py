@@ -1,4 +1,4 @@
-"""What a training run shows and records about itself (book/a2_runs.ipynb, book/06_training.ipynb): the CPU threads
+"""What a training run shows and records about itself (`annotated_transformer.lib.progress`, and what `lib.trainer` records): the CPU threads
 in config.json, a progress bar on a terminal and one line per evaluation elsewhere, progress while data is read, and
 TensorBoard event files holding the numbers of metrics.jsonl."""
 
@@ -10,12 +10,14 @@ import sys
 import pytest
 import torch
 
-from annotated_transformer import runs, text, training
-from annotated_transformer.checkpoints import list_checkpoints
-from annotated_transformer.data import progress_shown, read_json, with_progress
-from annotated_transformer.recipes import RECIPES
-from annotated_transformer.runs import ProgressReport, RunDir
-from annotated_transformer.training import copy_data, train
+from annotated_transformer.lib import runs, tokenizers, trainer
+from annotated_transformer.lib.checkpoints import list_checkpoints
+from annotated_transformer.lib.files import read_json
+from annotated_transformer.lib.progress import ProgressReport, progress_shown, with_progress
+from annotated_transformer.lib.recipes import RECIPES
+from annotated_transformer.lib.runs import RunDir
+from annotated_transformer.lib.tasks import copy_data
+from annotated_transformer.lib.trainer import train
 
 # The copy recipe at its smallest: a few seconds on a CPU, with three evaluations (8, 16, 24) and three checkpoints.
 TINY = RECIPES["copy"].replace(N=1, d_model=32, d_ff=64, steps=24, warmup=10, eval_every=8, checkpoint_every=8)
@@ -75,8 +77,8 @@ def test_config_records_the_thread_count_of_the_moment_and_omp_num_threads_only_
 @pytest.fixture
 def autocast_seen(monkeypatch):
     "The `autocast` argument of every `accumulate_gradients` call that `train` makes, in order."
-    seen, real = [], training.accumulate_gradients
-    monkeypatch.setattr(training, "accumulate_gradients", lambda *args: seen.append(args[3]) or real(*args))
+    seen, real = [], trainer.accumulate_gradients
+    monkeypatch.setattr(trainer, "accumulate_gradients", lambda *args: seen.append(args[3]) or real(*args))
     return seen
 
 
@@ -215,7 +217,7 @@ def test_train_s_progress_setting_reaches_the_data_s_bars(tmp_path, monkeypatch,
         assert list(with_progress(range(3), "preparing the data")) == [0, 1, 2]
         return copy_data(recipe)
 
-    monkeypatch.setattr(training, "load_task", load_task)
+    monkeypatch.setattr(trainer, "load_task", load_task)
     with on_a_terminal() as screen:
         train(TINY, tmp_path / "run", device="cpu", progress=progress)
     assert ("preparing the data" in screen.getvalue()) == progress
@@ -223,9 +225,9 @@ def test_train_s_progress_setting_reaches_the_data_s_bars(tmp_path, monkeypatch,
 
 def test_multi30k_tokenization_shows_a_bar_per_side(monkeypatch):
     pairs = [("Ein Hund läuft.", "A dog runs."), ("Zwei Katzen.", "Two cats.")]
-    monkeypatch.setattr(text, "load_multi30k", lambda split, direction: pairs)
+    monkeypatch.setattr(tokenizers, "load_multi30k", lambda split, direction: pairs)
     with on_a_terminal() as screen:
-        src, tgt = text.tokenized_multi30k.__wrapped__("valid", "de-en")  # past the per-process cache
+        src, tgt = tokenizers.tokenized_multi30k.__wrapped__("valid", "de-en")  # past the per-process cache
     assert src == [["Ein", "Hund", "läuft", "."], ["Zwei", "Katzen", "."]] and tgt[0] == ["A", "dog", "runs", "."]
     assert "tokenizing Multi30k valid.de" in screen.getvalue() and "tokenizing Multi30k valid.en" in screen.getvalue()
 

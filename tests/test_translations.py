@@ -131,7 +131,7 @@ def test_the_patterns_read_what_they_should():
         )
         == []
     )
-    assert markup_problems("The [results](07_results.ipynb) of 36.93.", "[结果](07_results.ipynb)为 36.93。") == []
+    assert markup_problems("The [results](08_results.ipynb) of 36.93.", "[结果](08_results.ipynb)为 36.93。") == []
     assert markup_problems("The {doc}`full model <05_model>`.", "{doc}`完整模型 <05_model>`。") == []
     assert (
         markup_problems("4.5 million pairs, 2.5 billion tokens, 2,000 each", "450 万个句对，25 亿个词元，每批 2,000")

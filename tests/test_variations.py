@@ -1,4 +1,4 @@
-"""Table 3 in miniature (book/08_variations.ipynb): the rows, how each is scored, and a command that resumes."""
+"""Table 3 in miniature (book/10_variations.ipynb): the rows, how each is scored, and a command that resumes."""
 
 import dataclasses
 import json
@@ -8,13 +8,10 @@ import pytest
 import torch
 from conftest import needs_mirror
 
-from annotated_transformer.bench import use_path
-from annotated_transformer.cli import main
-from annotated_transformer.model import TransformerConfig, make_model
-from annotated_transformer.recipes import RECIPES
-from annotated_transformer.training import Batch, train
-from annotated_transformer.translation import beam_search, greedy_search
-from annotated_transformer.variations import (
+from annotated_transformer.decoding import beam_search
+from annotated_transformer.lib.recipes import RECIPES
+from annotated_transformer.lib.trainer import train
+from annotated_transformer.lib.variations import (
     DEFAULT_BASE,
     PAPER_TABLE3,
     Variation,
@@ -22,6 +19,9 @@ from annotated_transformer.variations import (
     table3_rows,
     variations_table,
 )
+from annotated_transformer.model import TransformerConfig, make_model
+from annotated_transformer.multi_head import explicit_attention
+from annotated_transformer.training import Batch
 
 BASE = RECIPES[DEFAULT_BASE]
 
@@ -120,15 +120,13 @@ def test_a_model_with_narrower_keys_decodes_the_same_on_every_path():
     model = make_model(20, 20, N=2, d_model=32, d_ff=64, h=4, d_k=4).eval()
     src = torch.randint(4, 20, (3, 7))
     batch = Batch(src, src)
-    outputs = {}
-    for fast in (False, True):
-        use_path(model, fast)
-        assert model.encoder.layers[0].self_attn.fused is fast
-        outputs[fast] = model(batch.src, batch.tgt_in, batch.src_mask, batch.tgt_mask)
-    torch.testing.assert_close(outputs[True], outputs[False], rtol=1e-5, atol=1e-5)
-    assert greedy_search(model, src, batch.src_mask, cache=True) == greedy_search(
-        model, src, batch.src_mask, cache=False
+    with explicit_attention():
+        explicit = model(batch.src, batch.tgt_in, batch.src_mask, batch.tgt_mask)
+    torch.testing.assert_close(
+        model(batch.src, batch.tgt_in, batch.src_mask, batch.tgt_mask), explicit, rtol=1e-5, atol=1e-5
     )
+    greedy = [[h.tokens for h in beam_search(model, src, batch.src_mask, beam_size=1, cache=c)] for c in (True, False)]
+    assert greedy[0] == greedy[1]
     cached, uncached = (beam_search(model, src, batch.src_mask, beam_size=3, cache=c) for c in (True, False))
     assert [h.tokens for h in cached] == [h.tokens for h in uncached]
 
@@ -160,7 +158,7 @@ def test_the_rows_resume_without_training_a_scored_row_again(tmp_path, cache):
 
     first = run_variations(base, out, rows, only=["base"], results=results, progress=False)
     assert [r["name"] for r in first["rows"]] == ["base"] and first["complete"] is False
-    assert json.loads(results.read_text()) == first
+    assert json.loads(results.read_text()) == {"format": "variations 1", **first}
     kept = {p.name: p.stat().st_mtime_ns for p in (out / "base").rglob("*") if p.is_file()}
 
     table = run_variations(base, out, rows, results=results, progress=False)
@@ -168,7 +166,7 @@ def test_the_rows_resume_without_training_a_scored_row_again(tmp_path, cache):
     assert {p.name: p.stat().st_mtime_ns for p in (out / "base").rglob("*") if p.is_file()} == kept  # read back
     logged = [json.loads(line)["step"] for line in (out / "D-ls0.0" / "metrics.jsonl").read_text().splitlines()]
     assert logged == [3, 6]  # resumed after update 3, not started again
-    assert json.loads(results.read_text()) == table
+    assert json.loads(results.read_text()) == {"format": "variations 1", **table}
     for row in table["rows"]:
         assert row["steps"] == 6 and row["params"] > 0 and math.isfinite(row["dev_ppl"]) and row["dev_ppl"] > 1
         assert 0 <= row["dev_bleu"] <= 100 and row["bleu_signature"].startswith("nrefs:1|case:mixed")
@@ -191,48 +189,3 @@ def test_the_rows_resume_without_training_a_scored_row_again(tmp_path, cache):
         run_variations(base.replace(steps=5), out, rows, progress=False)
     with pytest.raises(TypeError, match="only must be a list of row names"):
         run_variations(base, out, rows, only="base", progress=False)
-
-
-def test_the_command_names_the_rows_it_knows(capsys, tmp_path):
-    assert main(["variations", "--only", "base", "A-h3", "--out", str(tmp_path)]) == 2
-    err = capsys.readouterr().err
-    assert "--only: no row named A-h3; the rows are base, base-seed1" in err and "E-learned" in err
-    assert main(["variations", "lr=0.1", "--out", str(tmp_path)]) == 2
-    assert "unknown setting(s) lr" in capsys.readouterr().err
-    assert not any(tmp_path.iterdir())
-
-
-def test_the_command_trains_into_one_folder_per_row_and_names_the_results_by_device(monkeypatch, tmp_path, capsys):
-    import annotated_transformer.variations as variations
-
-    calls = []
-
-    def stand_in(base, out_dir, rows, **options):
-        calls.append((base, out_dir, [r.name for r in rows], options))
-        return {"rows": [], "complete": False}
-
-    monkeypatch.setattr(variations, "run_variations", stand_in)
-    assert main(["variations", "--results", str(tmp_path), "--threads", "1"]) == 0
-    ((base, out_dir, names, options),) = calls
-    assert (
-        base == BASE
-        and str(out_dir) == f"runs/variations-{DEFAULT_BASE}"
-        and names[:4] == ["base", "base-seed1", "base-seed2", "A-h1"]
-    )
-    assert options["results"].parent == tmp_path and options["results"].name.startswith("variations-")
-    assert f"variations-{DEFAULT_BASE}-" not in options["results"].name
-    # other settings (also after --only) or seeds: another folder and another results file, named by a digest
-    assert main(["variations", "--only", "base", "A-h1", "steps=10", "--results", str(tmp_path)]) == 0
-    _, out_dir, _, options = calls[-1]
-    assert calls[-1][0].steps == 10 and options["only"] == ["base", "A-h1"]
-    assert (
-        str(out_dir).startswith(f"runs/variations-{DEFAULT_BASE}-")
-        and str(out_dir) != f"runs/variations-{DEFAULT_BASE}"
-    )
-    names = {options["results"].name}
-    assert main(["variations", "--seeds", "2", "--results", str(tmp_path)]) == 0
-    assert calls[-1][1] == calls[0][1] and calls[-1][3]["results"].name not in names | {calls[0][3]["results"].name}
-    assert main(["variations", "--base", "multi30k-cpu", "--results", str(tmp_path)]) == 0
-    assert str(calls[-1][1]) == "runs/variations-multi30k-cpu"
-    assert calls[-1][3]["results"].name.startswith("variations-multi30k-cpu-")
-    assert "not every row is done yet" in capsys.readouterr().out

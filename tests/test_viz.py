@@ -1,17 +1,19 @@
-"""Attention visualisation (book/09_attention_heads.ipynb): capturing the weights, the charts, and the head statistics."""
+"""Attention visualisation (book/11_attention_heads.ipynb): capturing the weights, the charts, and the head statistics."""
 
 import copy
 import json
 import math
+import re
 
+import altair as alt
 import pytest
 import torch
 
 from annotated_transformer import MultiHeadedAttention, Translator, make_model
 from annotated_transformer.attention import subsequent_mask
-from annotated_transformer.text import BOS, SPECIALS, Subwords
-from annotated_transformer.translation import decode_batches
-from annotated_transformer.viz import (
+from annotated_transformer.lib.tokenizers import Subwords
+from annotated_transformer.lib.translate import decode_batches
+from annotated_transformer.lib.viz import (
     KINDS,
     STATISTICS,
     CapturedAttention,
@@ -23,8 +25,11 @@ from annotated_transformer.viz import (
     head_statistics_chart,
     uniform_attention,
 )
+from annotated_transformer.training import BOS, SPECIALS
 
 GERMAN = "ein Mann mit Hund läuft über die Straße . Anna und Berlin 2 zwei Frauen".split()
+
+
 ENGLISH = "a man with dog runs across the street . Anna and Berlin 2 two women walks".split()
 
 
@@ -42,6 +47,8 @@ def translator():
 
 
 SOURCES = ["Ein Mann mit Hund läuft über die Straße.", "Anna und zwei Frauen.", "Berlin"]
+
+
 TARGETS = ["A man with dog runs across the street.", "Anna and two women.", "Berlin"]
 
 
@@ -231,3 +238,28 @@ def test_a_pairs_chart_leaves_its_padding_out_and_labels_its_tokens(translator):
     assert max(r["query"] for r in records) == len(rows) - 1 and max(r["key"] for r in records) == len(cols) - 1
     assert spec["title"] == "Encoder-decoder attention" and (spec["width"], spec["height"]) == (36, 36)
     assert json.dumps(cols) in spec["encoding"]["x"]["axis"]["labelExpr"]
+
+
+def test_a_chart_saved_as_html_draws_offline_and_as_pictures(tmp_path):
+    from annotated_transformer.lib.viz import save_chart
+
+    chart = alt.Chart(alt.Data(values=[{"x": 1, "y": 2}])).mark_point().encode(x="x:Q", y="y:Q")
+    page = save_chart(chart, tmp_path / "chart.html").read_text()
+    assert "vegaEmbed" in page and not re.findall(r"<script[^>]*\bsrc=", page)  # the libraries are inside the page
+    assert save_chart(chart.to_dict(), tmp_path / "chart.png").read_bytes().startswith(b"\x89PNG")
+    assert save_chart(chart, tmp_path / "chart.svg").read_text().lstrip().startswith("<svg")
+    assert save_chart(chart, tmp_path / "more" / "CHART.SVG").read_text().lstrip().startswith("<svg")  # made for it
+    with pytest.raises(ValueError, match=r"chart.pdf: a chart is saved as .html, .png, .svg"):
+        save_chart(chart, tmp_path / "chart.pdf")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["chart.html", "chart.png", "chart.svg", "more"]
+
+
+def test_saving_a_chart_without_vl_convert_names_the_extra(tmp_path, monkeypatch):
+    import sys
+
+    from annotated_transformer.lib.viz import save_chart
+
+    monkeypatch.setitem(sys.modules, "vl_convert", None)
+    with pytest.raises(ModuleNotFoundError, match=r"pip install 'annotated-transformer\[viz\]'"):
+        save_chart({"mark": "point"}, tmp_path / "chart.png")
+    assert not list(tmp_path.iterdir())
